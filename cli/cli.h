@@ -1,0 +1,47 @@
+/* The fp4doctor command-line tool: one function per subcommand (cli/cmd_<name>.c). */
+#ifndef FP4D_CLI_H
+#define FP4D_CLI_H
+
+#include <stdbool.h>
+#include <stdio.h>
+
+#include "fp4doctor/fp4doctor.h"
+
+/* Every subcommand: argv[0] is the subcommand's name. Returns an exit code (enum fp4d_exit). */
+typedef int (*cli_command_fn)(int argc, char **argv);
+
+int cmd_check(int argc, char **argv);
+int cmd_child(int argc, char **argv);   /* hidden: the doctor's isolated child process */
+int cmd_backends(int argc, char **argv);
+int cmd_env(int argc, char **argv);
+int cmd_quantize(int argc, char **argv);
+int cmd_dequantize(int argc, char **argv);
+int cmd_gemm(int argc, char **argv);
+int cmd_verify(int argc, char **argv);
+int cmd_scan(int argc, char **argv);
+int cmd_replay(int argc, char **argv);
+int cmd_probe(int argc, char **argv);
+int cmd_bench(int argc, char **argv);
+
+/* The path of the running executable (for re-executing ourselves), set by main(). */
+extern const char *cli_self_path;
+
+/* Prints "fp4doctor <cmd>: <message>" to stderr and returns code. */
+int cli_fail(int code, const char *cmd, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
+
+/* True when colour may be used on f: a TTY and NO_COLOR unset. */
+bool cli_use_color(FILE *f);
+
+/* Splits "file.safetensors:tensor" at the LAST ':' into path and name (name may be NULL
+ * when there is no ':'). Returns false when the spec is empty. Caller frees *path. */
+bool cli_split_tensor_spec(const char *spec, char **path, char **name);
+
+/* Opens FILE for --json FILE|- style options: "-" is stdout. NULL on failure (message printed). */
+FILE *cli_open_output(const char *cmd, const char *path);
+void  cli_close_output(FILE *f);
+
+#endif

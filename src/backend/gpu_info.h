@@ -1,0 +1,40 @@
+/*
+ * Internal: what the CUDA side of the build can tell about this machine. Implemented in
+ * src/backend/cuda/gpu_info.c when CUDA is built, and by gpu_info_none.c otherwise.
+ * Used by `fp4doctor env`, the verdict-cache fingerprint and --device all.
+ */
+#ifndef FP4D_GPU_INFO_H
+#define FP4D_GPU_INFO_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#define FP4D_MAX_GPUS 16
+
+typedef struct fp4d_gpu_info {
+    int    index;
+    char   name[128];
+    int    cc_major, cc_minor;
+    size_t total_mem_bytes;
+    int    sm_count;
+    size_t l2_bytes;
+    char   pci_bus_id[32];
+    bool   has_native_code;  /* this build carries SASS for its architecture */
+} fp4d_gpu_info;
+
+typedef struct fp4d_cuda_info {
+    bool built_with_cuda;      /* the CUDA backends are compiled in */
+    char built_archs[128];     /* e.g. "sm_80,sm_90a,sm_100a,sm_120a" */
+    int  driver_version;       /* cudaDriverGetVersion, e.g. 13000; 0 = no driver */
+    int  runtime_version;      /* cudaRuntimeGetVersion */
+    int  cublaslt_version;     /* cublasLtGetVersion; 0 if unknown */
+    int  cudnn_version;        /* cudnnGetVersion; 0 if not built with cuDNN */
+    int  device_count;
+    char error[256];           /* why there are no devices ("no CUDA driver", ...), else "" */
+    fp4d_gpu_info gpus[FP4D_MAX_GPUS];
+} fp4d_cuda_info;
+
+/* Fills *out; never crashes on a machine without a GPU or driver. Cheap after the first call. */
+void fp4d_cuda_query(fp4d_cuda_info *out);
+
+#endif

@@ -1,0 +1,31 @@
+/* Internal helpers shared by the library's modules. Not part of the API. */
+#ifndef FP4D_INTERNAL_H
+#define FP4D_INTERNAL_H
+
+#include "fp4doctor/fp4doctor.h"
+
+#if defined(__GNUC__)
+#define FP4D_PRINTF(a, b) __attribute__((format(printf, a, b)))
+#else
+#define FP4D_PRINTF(a, b)
+#endif
+
+/* Sets fp4d_last_error() and returns s, so guards read `return fp4d_set_error(...)`. */
+fp4d_status fp4d_set_error(fp4d_status s, const char *fmt, ...) FP4D_PRINTF(2, 3);
+void        fp4d_clear_error(void);
+
+/* Guard chain in the zstd style: RETURN_ERROR_IF(cond, INVALID_ARG, "k=%d", k). */
+#define FP4D_RETURN_ERROR_IF(cond, status, ...)                                   \
+    do {                                                                          \
+        if (cond) return fp4d_set_error(FP4D_STATUS_##status, __VA_ARGS__);       \
+    } while (0)
+
+#define FP4D_FORWARD_IF_ERROR(expr)                                               \
+    do {                                                                          \
+        fp4d_status fp4d_fwd_ = (expr);                                           \
+        if (fp4d_fwd_ != FP4D_STATUS_OK) return fp4d_fwd_;                        \
+    } while (0)
+
+#define FP4D_ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
+
+#endif
