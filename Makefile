@@ -30,7 +30,7 @@ test-quick: build
 	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS) -LE exhaustive
 
 bench: build
-	./$(BUILD)/bench/fp4d_bench
+	@set -e; for b in $(BUILD)/bench/fp4d_bench_*; do [ -x "$$b" ] && "$$b"; done
 
 # The tests under AddressSanitizer + UndefinedBehaviorSanitizer.
 asan:
