@@ -130,7 +130,7 @@ void fp4d_scales_convert(fp4d_scale_layout src_layout, const uint8_t *src,
 
 typedef enum fp4d_convention {
     FP4D_CONV_FLASHINFER_EXACT   = 0, /* §4.2, the default; MXFP4: ceil-pow2 with exact 1/6 */
-    FP4D_CONV_TRTLLM             = 1, /* §4.1 / §3.4 (rcp.approx emulated, see formats/convention.c) */
+    FP4D_CONV_TRTLLM             = 1, /* §4.1 / §3.4; rcp.approx bounded by a correctly rounded reciprocal (docs/formats.md) */
     FP4D_CONV_MODELOPT           = 2, /* §4.5 */
     FP4D_CONV_TORCHAO            = 3, /* §4.6 */
     FP4D_CONV_COMPRESSED_TENSORS = 4, /* §4.7 */
