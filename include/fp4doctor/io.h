@@ -87,6 +87,10 @@ const fp4d_st_tensor *fp4d_st_get(const fp4d_st_file *f, size_t i);      /* in f
 const fp4d_st_tensor *fp4d_st_find(const fp4d_st_file *f, const char *name);
 /* __metadata__ value, or NULL. */
 const char           *fp4d_st_metadata(const fp4d_st_file *f, const char *key);
+/* __metadata__ entries in key order, for copying them: count, then key i (NULL if out of
+ * range); the value is fp4d_st_metadata(f, key). */
+size_t                fp4d_st_metadata_count(const fp4d_st_file *f);
+const char           *fp4d_st_metadata_key(const fp4d_st_file *f, size_t i);
 uint64_t              fp4d_st_header_size(const fp4d_st_file *f);
 uint64_t              fp4d_st_file_size(const fp4d_st_file *f);
 uint64_t              fp4d_st_element_count(const fp4d_st_tensor *t);

@@ -1,0 +1,290 @@
+/*
+ * `fp4doctor probe` as a user runs it: exit codes, --json, the API key never shown, Ctrl-C,
+ * and the stop time on a hung server. The binary comes from $FP4DOCTOR_BIN (set by ctest);
+ * the servers are fake_server.c instances on loopback.
+ */
+#include <fcntl.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+#include <jansson.h>
+
+#include "fake_server.h"
+#include "fp4doctor/probe.h"
+
+static const char *bin;
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static char *slurp(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) return strdup("");
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *s = malloc((size_t)n + 1);
+    size_t got = fread(s, 1, (size_t)n, f);
+    s[got] = '\0';
+    fclose(f);
+    return s;
+}
+
+typedef struct cli_result {
+    int    code;    /* exit code, or 128 + signal */
+    char  *out, *err;
+    double seconds;
+} cli_result;
+
+/* Runs `fp4doctor probe ARGS...` (NULL-terminated). When sigint_after > 0, sends SIGINT
+ * that many seconds after the start. */
+static cli_result run_probe(double sigint_after, const char *first, ...)
+{
+    const char *argv[32] = {bin, "probe"};
+    int argc = 2;
+    va_list ap;
+    va_start(ap, first);
+    for (const char *a = first; a && argc < 31; a = va_arg(ap, const char *)) argv[argc++] = a;
+    va_end(ap);
+    argv[argc] = NULL;
+
+    char out_path[] = "/tmp/fp4d_probe_out_XXXXXX", err_path[] = "/tmp/fp4d_probe_err_XXXXXX";
+    int out_fd = mkstemp(out_path), err_fd = mkstemp(err_path);
+    assert_true(out_fd >= 0 && err_fd >= 0);
+    double t0 = now_s();
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        dup2(out_fd, 1);
+        dup2(err_fd, 2);
+        execv(bin, (char *const *)argv);
+        _exit(127);
+    }
+    int status = 0;
+    if (sigint_after > 0) {
+        struct timespec ts = {(time_t)sigint_after, (long)((sigint_after - (time_t)sigint_after) * 1e9)};
+        nanosleep(&ts, NULL);
+        kill(pid, SIGINT);
+    }
+    waitpid(pid, &status, 0);
+    cli_result r = {0};
+    r.seconds = now_s() - t0;
+    r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    close(out_fd);
+    close(err_fd);
+    r.out = slurp(out_path);
+    r.err = slurp(err_path);
+    unlink(out_path);
+    unlink(err_path);
+    return r;
+}
+
+static void cli_free(cli_result *r)
+{
+    free(r->out);
+    free(r->err);
+}
+
+static void expect_code(cli_result r, int code)
+{
+    if (r.code != code) fail_msg("exit %d, expected %d\nstdout: %s\nstderr: %s", r.code, code, r.out, r.err);
+}
+
+static void test_usage_errors(void **state)
+{
+    (void)state;
+    cli_result r = run_probe(0, "--help", NULL);
+    expect_code(r, 0);
+    assert_non_null(strstr(r.out, "--concurrency"));
+    assert_non_null(strstr(r.out, "--api-key-env"));
+    cli_free(&r);
+
+    const char *bad[][4] = {
+        {NULL},                                                  /* no URL */
+        {"http://127.0.0.1:1", "--bogus", NULL},
+        {"http://127.0.0.1:1", "--concurrency", "0", NULL},
+        {"http://127.0.0.1:1", "--rounds", "x", NULL},
+        {"http://127.0.0.1:1", "--timeout", "-1", NULL},
+        {"http://127.0.0.1:1", "--api", "responses", NULL},
+        {"http://127.0.0.1:1", "--api-key-env", "FP4D_TEST_SURELY_UNSET_VAR", NULL},
+        {"ftp://127.0.0.1:1/", NULL},
+        {"http://127.0.0.1:1", "http://127.0.0.1:2", NULL},
+        {"http://127.0.0.1:1", "--model", NULL},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        r = run_probe(0, bad[i][0], bad[i][0] ? bad[i][1] : NULL, bad[i][0] && bad[i][1] ? bad[i][2] : NULL,
+                      NULL);
+        if (r.code != 2) fail_msg("case %zu: exit %d, expected 2 (stderr: %s)", i, r.code, r.err);
+        /* One clear line on stderr, nothing else. */
+        assert_non_null(strstr(r.err, "fp4doctor probe: "));
+        assert_int_equal(strchr(r.err, '\n') - r.err + 1, (long)strlen(r.err));
+        cli_free(&r);
+    }
+}
+
+static void test_unreachable_exit_3(void **state)
+{
+    (void)state;
+    fake_config cfg = {.behavior = FAKE_HEALTHY};
+    fake_server *s = fake_server_start(&cfg);
+    char url[64];
+    snprintf(url, sizeof url, "%s", fake_server_url(s));
+    fake_server_stop(s);
+    cli_result r = run_probe(0, url, "--timeout", "5", NULL);
+    expect_code(r, 3);
+    assert_non_null(strstr(r.out, "unreachable"));
+    cli_free(&r);
+}
+
+static void test_healthy_json_file(void **state)
+{
+    (void)state;
+    fake_config cfg = {.behavior = FAKE_HEALTHY};
+    fake_server *s = fake_server_start(&cfg);
+    char json_path[] = "/tmp/fp4d_probe_json_XXXXXX";
+    int fd = mkstemp(json_path);
+    close(fd);
+    cli_result r = run_probe(0, fake_server_url(s), "--concurrency", "3", "--rounds", "2", "--json", json_path, NULL);
+    fake_stats st = fake_server_stats(s);
+    fake_server_stop(s);
+    expect_code(r, 0);
+    assert_non_null(strstr(r.out, "verdict   healthy"));
+
+    json_error_t e;
+    json_t *doc = json_load_file(json_path, 0, &e);
+    unlink(json_path);
+    if (!doc) fail_msg("--json output is not JSON: %s", e.text);
+    assert_int_equal(json_integer_value(json_object_get(doc, "schema_version")), FP4D_PROBE_SCHEMA_VERSION);
+    assert_string_equal(json_string_value(json_object_get(doc, "verdict")), "healthy");
+    assert_string_equal(json_string_value(json_object_get(doc, "model")), "fake-model");
+    json_t *req = json_object_get(doc, "requests");
+    assert_int_equal(json_integer_value(json_object_get(req, "generation")), st.posts);
+    assert_true(json_integer_value(json_object_get(req, "generation")) <= 6);
+    json_t *phases = json_object_get(doc, "phases");
+    assert_int_equal(json_array_size(phases), 2);
+    long long ok = 0;
+    for (size_t i = 0; i < 2; i++) {
+        json_t *ph = json_array_get(phases, i);
+        assert_true(json_is_true(json_object_get(ph, "healthy")));
+        ok += json_integer_value(json_object_get(json_object_get(ph, "counts"), "OK"));
+        assert_true(json_is_null(json_object_get(ph, "first_offending")));
+        assert_true(json_is_number(json_object_get(json_object_get(ph, "latency_ms"), "p99")));
+    }
+    assert_int_equal(ok, 6);
+    assert_int_equal(json_array_size(json_object_get(doc, "responses")), 6);
+    assert_int_equal(json_integer_value(json_object_get(doc, "exit_code")), 0);
+    json_decref(doc);
+    cli_free(&r);
+}
+
+static void test_nan_json_stdout(void **state)
+{
+    (void)state;
+    fake_config cfg = {.behavior = FAKE_NAN_STOP};
+    fake_server *s = fake_server_start(&cfg);
+    cli_result r = run_probe(0, fake_server_url(s), "--concurrency", "2", "--rounds", "2", "--json", "-", NULL);
+    fake_server_stop(s);
+    expect_code(r, 1);
+    /* JSON alone on stdout; the text report went to stderr. */
+    json_error_t e;
+    json_t *doc = json_loads(r.out, 0, &e);
+    if (!doc) fail_msg("stdout is not JSON: %s\n%s", e.text, r.out);
+    assert_string_equal(json_string_value(json_object_get(doc, "verdict")), "broken_at_concurrency_1");
+    json_t *ph1 = json_array_get(json_object_get(doc, "phases"), 0);
+    json_t *q = json_object_get(ph1, "first_offending");
+    assert_string_equal(json_string_value(json_object_get(q, "class")), "NAN_STOP");
+    assert_string_equal(json_string_value(json_object_get(q, "matched_stop")), "NaN happened");
+    assert_true(json_is_false(json_object_get(ph1, "healthy")));
+    json_decref(doc);
+    assert_non_null(strstr(r.err, "NAN_STOP"));
+    assert_non_null(strstr(r.err, "broken_at_concurrency_1"));
+    cli_free(&r);
+}
+
+static void test_api_key_never_shown(void **state)
+{
+    (void)state;
+    const char *key = "sk-cli-secret-8128";
+    fake_config cfg = {.behavior = FAKE_HEALTHY, .required_key = key};
+    fake_server *s = fake_server_start(&cfg);
+    setenv("FP4D_TEST_PROBE_KEY", key, 1);
+    cli_result r = run_probe(0, fake_server_url(s), "--concurrency", "2", "--rounds", "2", "--api-key-env",
+                             "FP4D_TEST_PROBE_KEY", "--json", "-", NULL);
+    unsetenv("FP4D_TEST_PROBE_KEY");
+    fake_stats st = fake_server_stats(s);
+    fake_server_stop(s);
+    expect_code(r, 0);
+    assert_int_equal(st.auth_ok, 4);
+    assert_int_equal(st.auth_bad, 0);
+    assert_null(strstr(r.out, key));
+    assert_null(strstr(r.err, key));
+    cli_free(&r);
+}
+
+static void test_hung_server_timeout(void **state)
+{
+    (void)state;
+    fake_config cfg = {.behavior = FAKE_HANG};
+    fake_server *s = fake_server_start(&cfg);
+    cli_result r = run_probe(0, fake_server_url(s), "--timeout", "2", NULL);
+    fake_stats st = fake_server_stats(s);
+    fake_server_stop(s);
+    expect_code(r, 1);
+    /* --timeout 2 must end the probe within about 2 s; allow for a loaded machine. */
+    assert_true(r.seconds < 4.5);
+    assert_int_equal(st.posts, 1);
+    assert_non_null(strstr(r.out, "TIMEOUT"));
+    assert_non_null(strstr(r.out, "stopped early: timeout"));
+    cli_free(&r);
+}
+
+static void test_ctrl_c_partial_report(void **state)
+{
+    (void)state;
+    /* 300 ms per answer, a budget of 100 requests: Ctrl-C after 1 s. */
+    fake_config cfg = {.behavior = FAKE_HEALTHY, .delay_ms = 300};
+    fake_server *s = fake_server_start(&cfg);
+    cli_result r = run_probe(1.0, fake_server_url(s), "--concurrency", "2", "--rounds", "50", NULL);
+    fake_stats st = fake_server_stats(s);
+    fake_server_stop(s);
+    expect_code(r, 1);
+    assert_true(r.seconds < 3.5);
+    assert_true(st.posts < 100);
+    assert_non_null(strstr(r.out, "stopped early: interrupted"));
+    assert_non_null(strstr(r.out, "verdict"));
+    cli_free(&r);
+}
+
+int main(void)
+{
+    bin = getenv("FP4DOCTOR_BIN");
+    if (!bin || access(bin, X_OK) != 0) {
+        fprintf(stderr, "FP4DOCTOR_BIN is not set to the fp4doctor binary (run through ctest)\n");
+        return 1;
+    }
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_usage_errors),
+        cmocka_unit_test(test_unreachable_exit_3),
+        cmocka_unit_test(test_healthy_json_file),
+        cmocka_unit_test(test_nan_json_stdout),
+        cmocka_unit_test(test_api_key_never_shown),
+        cmocka_unit_test(test_hung_server_timeout),
+        cmocka_unit_test(test_ctrl_c_partial_report),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

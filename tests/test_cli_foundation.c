@@ -1,0 +1,437 @@
+/*
+ * The foundation CLI commands (quantize, dequantize, gemm, verify) run as a user would run
+ * them: the built binary ($FP4DOCTOR_BIN, set by ctest) on files generated here, with the
+ * results checked against the library called directly and the exit codes of bad input.
+ */
+#include <dirent.h>
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <cmocka.h>
+
+#include "fp4doctor/formats.h"
+#include "fp4doctor/io.h"
+#include "fp4doctor/ref.h"
+
+static char dir[256];
+static const char *bin;
+
+static const char *path_of(const char *name)
+{
+    static char buf[8][512];
+    static int next;
+    char *p = buf[next++ % 8];
+    snprintf(p, 512, "%s/%s", dir, name);
+    return p;
+}
+
+/* Runs the CLI with a shell-quoted argument string; stderr/stdout go to files in dir.
+ * Returns the exit code. */
+static int run_cli(const char *fmt, ...)
+{
+    char args[2048], cmd[4096];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(args, sizeof args, fmt, ap);
+    va_end(ap);
+    snprintf(cmd, sizeof cmd, "'%s' %s >'%s/stdout.txt' 2>'%s/stderr.txt'", bin, args, dir, dir);
+    int st = system(cmd);
+    assert_true(WIFEXITED(st));
+    return WEXITSTATUS(st);
+}
+
+static char *slurp(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *b = malloc((size_t)n + 1);
+    size_t got = fread(b, 1, (size_t)n, f);
+    fclose(f);
+    b[got] = '\0';
+    if (len) *len = got;
+    return b;
+}
+
+static bool output_contains(const char *which, const char *needle)
+{
+    char *s = slurp(path_of(which), NULL);
+    bool ok = s && strstr(s, needle);
+    if (!ok) fprintf(stderr, "%s lacks '%s': %s\n", which, needle, s ? s : "(missing)");
+    free(s);
+    return ok;
+}
+
+/* stderr is exactly one line that names the command. */
+static void assert_one_line_error(void)
+{
+    char *s = slurp(path_of("stderr.txt"), NULL);
+    assert_non_null(s);
+    assert_true(strncmp(s, "fp4doctor ", 10) == 0);
+    char *nl = strchr(s, '\n');
+    assert_non_null(nl);
+    assert_int_equal(nl[1], '\0');
+    free(s);
+}
+
+static uint64_t rng_state = 0xC0FFEE1234567ull;
+static double gauss(void)
+{
+    double u = 0;
+    for (int i = 0; i < 12; i++) {
+        rng_state ^= rng_state << 13;
+        rng_state ^= rng_state >> 7;
+        rng_state ^= rng_state << 17;
+        u += (double)(rng_state >> 11) / 9007199254740992.0;
+    }
+    return u - 6.0;
+}
+
+/* Input file: act bf16 [5, 64], w f32 [6, 64], heavy f16 [3, 96] (with an outlier), bias f32
+ * [6], odd f32 [2, 24] (24 not a multiple of 16, so it is copied). */
+enum { AM = 5, WN = 6, KK = 64 };
+static uint16_t act_bf16[AM * KK];
+static float w_f32[WN * KK], bias[WN], odd[2 * 24];
+static uint16_t heavy_f16[3 * 96];
+
+static void make_input(void)
+{
+    float tmp[AM * KK];
+    for (int i = 0; i < AM * KK; i++) tmp[i] = (float)gauss();
+    fp4d_from_f32(FP4D_DTYPE_BF16, tmp, AM * KK, act_bf16);
+    for (int i = 0; i < WN * KK; i++) w_f32[i] = (float)(gauss() * 0.02);
+    for (int i = 0; i < WN; i++) bias[i] = (float)i;
+    for (int i = 0; i < 48; i++) odd[i] = (float)i;
+    float h[3 * 96];
+    for (int i = 0; i < 3 * 96; i++) h[i] = (float)(gauss() * gauss() * gauss());
+    h[17] = 6000.0f;
+    fp4d_from_f32(FP4D_DTYPE_F16, h, 3 * 96, heavy_f16);
+
+    fp4d_st_writer *w = fp4d_st_writer_new();
+    int64_t s_act[2] = {AM, KK}, s_w[2] = {WN, KK}, s_b[1] = {WN}, s_odd[2] = {2, 24}, s_h[2] = {3, 96};
+    assert_int_equal(fp4d_st_writer_add(w, "model.act", FP4D_ST_BF16, 2, s_act, act_bf16, sizeof act_bf16), 0);
+    assert_int_equal(fp4d_st_writer_add(w, "model.w", FP4D_ST_F32, 2, s_w, w_f32, sizeof w_f32), 0);
+    assert_int_equal(fp4d_st_writer_add(w, "model.bias", FP4D_ST_F32, 1, s_b, bias, sizeof bias), 0);
+    assert_int_equal(fp4d_st_writer_add(w, "model.odd", FP4D_ST_F32, 2, s_odd, odd, sizeof odd), 0);
+    assert_int_equal(fp4d_st_writer_add(w, "model.heavy", FP4D_ST_F16, 2, s_h, heavy_f16, sizeof heavy_f16), 0);
+    fp4d_st_writer_set_metadata(w, "format", "pt");
+    assert_int_equal(fp4d_st_writer_save(w, path_of("in.safetensors")), 0);
+    fp4d_st_writer_free(w);
+}
+
+static int setup(void **state)
+{
+    (void)state;
+    bin = getenv("FP4DOCTOR_BIN");
+    if (!bin) bin = FP4D_TEST_BINARY_DIR "/fp4doctor";
+    snprintf(dir, sizeof dir, "/tmp/fp4d_cli_test_XXXXXX");
+    if (!mkdtemp(dir)) return -1;
+    make_input();
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    DIR *d = opendir(dir);
+    if (d) {
+        struct dirent *de;
+        while ((de = readdir(d)))
+            if (de->d_name[0] != '.') unlink(path_of(de->d_name));
+        closedir(d);
+    }
+    rmdir(dir);
+    return 0;
+}
+
+/* Checks that quantized tensor name in file f equals fp4d_quantize on the original. */
+static void check_quantized(const fp4d_st_file *f, const char *name, fp4d_dtype src_type, const void *src,
+                            int64_t rows, int64_t cols, const fp4d_quantize_params *qp)
+{
+    const fp4d_dtype_traits *tr = fp4d_dtype_get(qp->format);
+    int64_t sc = cols / tr->block_size;
+    size_t sbytes = fp4d_scale_buffer_size(qp->scale_layout, rows, sc);
+    uint8_t *codes = malloc((size_t)(rows * cols / 2)), *scales = malloc(sbytes);
+    fp4d_quantize_result res;
+    assert_int_equal(fp4d_quantize(qp, src_type, src, rows, cols, codes, scales, &res), FP4D_STATUS_OK);
+
+    char sname[256], s2name[256], key[300];
+    snprintf(sname, sizeof sname, "%s_scale", name);
+    snprintf(s2name, sizeof s2name, "%s_scale_2", name);
+    const fp4d_st_tensor *t = fp4d_st_find(f, name), *s = fp4d_st_find(f, sname), *s2 = fp4d_st_find(f, s2name);
+    assert_non_null(t);
+    assert_non_null(s);
+    assert_int_equal(t->dtype, FP4D_ST_U8);
+    assert_int_equal(t->ndim, 2);
+    assert_int_equal(t->shape[0], rows);
+    assert_int_equal(t->shape[1], cols / 2);
+    assert_memory_equal(t->data, codes, (size_t)(rows * cols / 2));
+    assert_int_equal(s->dtype, qp->format == FP4D_DTYPE_NVFP4 ? FP4D_ST_F8_E4M3 : FP4D_ST_U8);
+    assert_int_equal(s->nbytes, sbytes);
+    if (qp->scale_layout == FP4D_LAYOUT_LINEAR) {
+        assert_int_equal(s->shape[0], rows);
+        assert_int_equal(s->shape[1], sc);
+    }
+    assert_memory_equal(s->data, scales, sbytes);
+    if (qp->format == FP4D_DTYPE_NVFP4) {
+        assert_non_null(s2);
+        assert_int_equal(s2->dtype, FP4D_ST_F32);
+        assert_int_equal(s2->ndim, 0);
+        float v;
+        memcpy(&v, s2->data, 4);
+        assert_true(v == res.decode_scale);
+    } else {
+        assert_null(s2);
+    }
+    snprintf(key, sizeof key, "fp4doctor.scale_layout.%s", name);
+    assert_string_equal(fp4d_st_metadata(f, key), fp4d_scale_layout_name(qp->scale_layout));
+    free(codes);
+    free(scales);
+}
+
+static void test_quantize_nvfp4_default(void **state)
+{
+    (void)state;
+    struct stat before, after;
+    assert_int_equal(stat(path_of("in.safetensors"), &before), 0);
+    size_t in_len;
+    char *in_bytes = slurp(path_of("in.safetensors"), &in_len);
+
+    assert_int_equal(run_cli("quantize --format nvfp4 '%s' '%s'", path_of("in.safetensors"), path_of("q.safetensors")), 0);
+    fp4d_st_open_result res;
+    fp4d_st_file *f = fp4d_st_open(path_of("q.safetensors"), &res);
+    assert_non_null(f);
+    fp4d_quantize_params qp = {FP4D_DTYPE_NVFP4, FP4D_CONV_FLASHINFER_EXACT, FP4D_LAYOUT_LINEAR, 0.0f};
+    check_quantized(f, "model.act", FP4D_DTYPE_BF16, act_bf16, AM, KK, &qp);
+    check_quantized(f, "model.w", FP4D_DTYPE_F32, w_f32, WN, KK, &qp);
+    check_quantized(f, "model.heavy", FP4D_DTYPE_F16, heavy_f16, 3, 96, &qp);
+    /* Not quantizable: copied unchanged, with the input's metadata. */
+    const fp4d_st_tensor *b = fp4d_st_find(f, "model.bias"), *o = fp4d_st_find(f, "model.odd");
+    assert_non_null(b);
+    assert_int_equal(b->dtype, FP4D_ST_F32);
+    assert_memory_equal(b->data, bias, sizeof bias);
+    assert_non_null(o);
+    assert_memory_equal(o->data, odd, sizeof odd);
+    assert_null(fp4d_st_find(f, "model.odd_scale"));
+    assert_string_equal(fp4d_st_metadata(f, "format"), "pt");
+    assert_int_equal(fp4d_st_count(f), 2 + 3 * 3);
+    fp4d_st_close(f);
+
+    /* The input is untouched. */
+    assert_int_equal(stat(path_of("in.safetensors"), &after), 0);
+    assert_int_equal(before.st_mtime, after.st_mtime);
+    size_t len2;
+    char *again = slurp(path_of("in.safetensors"), &len2);
+    assert_int_equal(len2, in_len);
+    assert_memory_equal(again, in_bytes, in_len);
+    free(again);
+    free(in_bytes);
+}
+
+static void test_quantize_options(void **state)
+{
+    (void)state;
+    /* Only the named tensor, MXFP4, swizzled scales, a named convention. */
+    assert_int_equal(run_cli("quantize --format=mxfp4 --convention ocp --scale-layout swizzled --tensor model.w '%s' '%s'",
+                             path_of("in.safetensors"), path_of("qm.safetensors")),
+                     0);
+    fp4d_st_file *f = fp4d_st_open(path_of("qm.safetensors"), NULL);
+    assert_non_null(f);
+    fp4d_quantize_params qp = {FP4D_DTYPE_MXFP4, FP4D_CONV_OCP, FP4D_LAYOUT_SWIZZLED_128X4, 0.0f};
+    check_quantized(f, "model.w", FP4D_DTYPE_F32, w_f32, WN, KK, &qp);
+    const fp4d_st_tensor *s = fp4d_st_find(f, "model.w_scale");
+    assert_int_equal(s->shape[0], 128); /* the padded buffer's shape */
+    assert_int_equal(s->shape[1], 4);
+    assert_int_equal(fp4d_st_find(f, "model.act")->dtype, FP4D_ST_BF16); /* not named: copied */
+    fp4d_st_close(f);
+}
+
+static void test_dequantize_round_trip(void **state)
+{
+    (void)state;
+    const char *variants[2][2] = {{"--format nvfp4", "rt_nv"}, {"--format mxfp4 --scale-layout swizzled", "rt_mx"}};
+    for (int v = 0; v < 2; v++) {
+        char q[64], dq[64];
+        snprintf(q, sizeof q, "%s_q.safetensors", variants[v][1]);
+        snprintf(dq, sizeof dq, "%s_dq.safetensors", variants[v][1]);
+        assert_int_equal(run_cli("quantize %s '%s' '%s'", variants[v][0], path_of("in.safetensors"), path_of(q)), 0);
+        assert_int_equal(run_cli("dequantize '%s' '%s'", path_of(q), path_of(dq)), 0);
+        fp4d_st_file *fq = fp4d_st_open(path_of(q), NULL), *fd = fp4d_st_open(path_of(dq), NULL);
+        assert_non_null(fq);
+        assert_non_null(fd);
+        /* Same tensor set as the original input; scales gone; values as fp4d_dequantize. */
+        assert_int_equal(fp4d_st_count(fd), 5);
+        assert_null(fp4d_st_find(fd, "model.w_scale"));
+        assert_null(fp4d_st_find(fd, "model.w_scale_2"));
+        assert_memory_equal(fp4d_st_find(fd, "model.bias")->data, bias, sizeof bias);
+        const fp4d_st_tensor *w = fp4d_st_find(fd, "model.w");
+        assert_int_equal(w->dtype, FP4D_ST_F32);
+        assert_int_equal(w->shape[0], WN);
+        assert_int_equal(w->shape[1], KK);
+        fp4d_dtype fmt = v == 0 ? FP4D_DTYPE_NVFP4 : FP4D_DTYPE_MXFP4;
+        fp4d_scale_layout lay = v == 0 ? FP4D_LAYOUT_LINEAR : FP4D_LAYOUT_SWIZZLED_128X4;
+        float s2 = 1.0f;
+        if (v == 0) memcpy(&s2, fp4d_st_find(fq, "model.w_scale_2")->data, 4);
+        float expect[WN * KK];
+        assert_int_equal(fp4d_dequantize(fmt, lay, fp4d_st_find(fq, "model.w")->data,
+                                         fp4d_st_find(fq, "model.w_scale")->data, s2, WN, KK, expect),
+                         FP4D_STATUS_OK);
+        assert_memory_equal(w->data, expect, sizeof expect);
+        /* And the round trip is close to the original: FP4 keeps every value within half a
+         * step of the block's grid, i.e. within amax/6 of the block (loose, but fails for a
+         * wrong layout, nibble order or scale). */
+        const float *got = (const float *)w->data;
+        const int bs = v == 0 ? 16 : 32;
+        for (int r = 0; r < WN; r++)
+            for (int blk = 0; blk < KK / bs; blk++) {
+                float amax = 0;
+                for (int j = 0; j < bs; j++) amax = fmaxf(amax, fabsf(w_f32[r * KK + blk * bs + j]));
+                for (int j = 0; j < bs; j++) {
+                    int i = r * KK + blk * bs + j;
+                    assert_true(fabsf(got[i] - w_f32[i]) <= amax / 3.0f + 1e-6f);
+                }
+            }
+        fp4d_st_close(fq);
+        fp4d_st_close(fd);
+    }
+}
+
+/* gemm --backend ref equals fp4d_ref_gemm with alpha = RN(a_s2 * b_s2); verify agrees. */
+static void test_gemm_ref_and_verify(void **state)
+{
+    (void)state;
+    assert_int_equal(run_cli("quantize '%s' '%s'", path_of("in.safetensors"), path_of("g_q.safetensors")), 0);
+    fp4d_st_file *fq = fp4d_st_open(path_of("g_q.safetensors"), NULL);
+    assert_non_null(fq);
+    const char *types[3] = {"f32", "bf16", "f16"};
+    const fp4d_dtype dts[3] = {FP4D_DTYPE_F32, FP4D_DTYPE_BF16, FP4D_DTYPE_F16};
+    float as2, ws2;
+    memcpy(&as2, fp4d_st_find(fq, "model.act_scale_2")->data, 4);
+    memcpy(&ws2, fp4d_st_find(fq, "model.w_scale_2")->data, 4);
+    fp4d_matrix A = {FP4D_DTYPE_NVFP4, AM, KK, fp4d_st_find(fq, "model.act")->data,
+                     fp4d_st_find(fq, "model.act_scale")->data, FP4D_LAYOUT_LINEAR};
+    fp4d_matrix Ab = {FP4D_DTYPE_BF16, AM, KK, act_bf16, NULL, FP4D_LAYOUT_LINEAR};
+    fp4d_matrix B = {FP4D_DTYPE_NVFP4, WN, KK, fp4d_st_find(fq, "model.w")->data,
+                     fp4d_st_find(fq, "model.w_scale")->data, FP4D_LAYOUT_LINEAR};
+    for (int t = 0; t < 3; t++) {
+        for (int plain = 0; plain < 2; plain++) {
+            const char *a_spec = plain ? "in.safetensors" : "g_q.safetensors";
+            assert_int_equal(run_cli("gemm --backend ref --out-dtype %s '%s:model.act' '%s:model.w' '%s'", types[t],
+                                     path_of(a_spec), path_of("g_q.safetensors"), path_of("g_out.safetensors")),
+                             0);
+            uint8_t expect[AM * WN * 4];
+            fp4d_gemm_problem p = {plain ? Ab : A, B, plain ? ws2 : as2 * ws2, dts[t], expect};
+            assert_int_equal(fp4d_ref_gemm(&p), FP4D_STATUS_OK);
+            fp4d_st_file *fo = fp4d_st_open(path_of("g_out.safetensors"), NULL);
+            assert_non_null(fo);
+            const fp4d_st_tensor *o = fp4d_st_find(fo, "out");
+            assert_non_null(o);
+            assert_int_equal(o->dtype, t == 0 ? FP4D_ST_F32 : t == 1 ? FP4D_ST_BF16 : FP4D_ST_F16);
+            assert_int_equal(o->shape[0], AM);
+            assert_int_equal(o->shape[1], WN);
+            assert_memory_equal(o->data, expect, o->nbytes);
+            fp4d_st_close(fo);
+            /* verify: identical -> 0 */
+            assert_int_equal(run_cli("verify '%s:model.act' '%s:model.w' '%s:out'", path_of(a_spec),
+                                     path_of("g_q.safetensors"), path_of("g_out.safetensors")),
+                             0);
+            assert_true(output_contains("stdout.txt", "0 ulps"));
+        }
+    }
+    /* verify on a corrupted output: one element off by 3 ulps -> exit 1, reported. */
+    fp4d_st_file *fo = fp4d_st_open(path_of("g_out.safetensors"), NULL); /* f16, plain A */
+    const fp4d_st_tensor *o = fp4d_st_find(fo, "out");
+    uint16_t bad[AM * WN];
+    memcpy(bad, o->data, sizeof bad);
+    fp4d_st_close(fo);
+    bad[7] = (uint16_t)(bad[7] + 3);
+    fp4d_st_writer *w = fp4d_st_writer_new();
+    int64_t shape[2] = {AM, WN};
+    fp4d_st_writer_add(w, "out", FP4D_ST_F16, 2, shape, bad, sizeof bad);
+    assert_int_equal(fp4d_st_writer_save(w, path_of("bad_out.safetensors")), 0);
+    fp4d_st_writer_free(w);
+    assert_int_equal(run_cli("verify '%s:model.act' '%s:model.w' '%s:out'", path_of("in.safetensors"),
+                             path_of("g_q.safetensors"), path_of("bad_out.safetensors")),
+                     1);
+    assert_true(output_contains("stdout.txt", "1 of 30 elements"));
+    assert_true(output_contains("stdout.txt", "3 ulps at [1, 1]"));
+    fp4d_st_close(fq);
+}
+
+static void test_bad_input_exit_codes(void **state)
+{
+    (void)state;
+    char in[512]; /* path_of() recycles its buffers */
+    snprintf(in, sizeof in, "%s", path_of("in.safetensors"));
+    /* usage */
+    assert_int_equal(run_cli("quantize"), 2);
+    assert_one_line_error();
+    assert_int_equal(run_cli("quantize --format nvfp5 '%s' '%s'", in, path_of("x.safetensors")), 2);
+    assert_one_line_error();
+    assert_int_equal(run_cli("quantize --bogus '%s' '%s'", in, path_of("x.safetensors")), 2);
+    assert_int_equal(run_cli("quantize --format nvfp4 --convention ocp '%s' '%s'", in, path_of("x.safetensors")), 2);
+    assert_int_equal(run_cli("quantize '%s' '%s'", in, in), 2); /* OUT == IN */
+    assert_true(output_contains("stderr.txt", "refusing"));
+    assert_int_equal(run_cli("dequantize '%s'", in), 2);
+    assert_int_equal(run_cli("gemm '%s' '%s:model.w' '%s'", in, in, path_of("x.safetensors")), 2); /* no :NAME */
+    assert_int_equal(run_cli("gemm --backend no-such '%s:model.act' '%s:model.w' '%s'", in,
+                             path_of("g_q.safetensors"), path_of("x.safetensors")),
+                     2);
+    assert_true(output_contains("stderr.txt", "no-such"));
+    assert_int_equal(run_cli("gemm --out-dtype f64 '%s:a' '%s:b' '%s'", in, in, path_of("x.safetensors")), 2);
+    assert_int_equal(run_cli("gemm '%s:model.act' '%s:model.w' '%s'", in, path_of("g_q.safetensors"),
+                             path_of("g_q.safetensors")),
+                     2); /* OUT is an input */
+    assert_int_equal(run_cli("verify '%s:a' '%s:b'", in, in), 2);
+
+    /* unreadable / invalid input */
+    assert_int_equal(run_cli("quantize '%s' '%s'", path_of("missing.safetensors"), path_of("x.safetensors")), 3);
+    assert_one_line_error();
+    FILE *g = fopen(path_of("garbage.safetensors"), "wb");
+    fputs("this is not a safetensors file at all", g);
+    fclose(g);
+    assert_int_equal(run_cli("quantize '%s' '%s'", path_of("garbage.safetensors"), path_of("x.safetensors")), 3);
+    assert_true(output_contains("stderr.txt", "HEADER_TOO_LARGE"));
+    assert_int_equal(run_cli("dequantize '%s' '%s'", path_of("garbage.safetensors"), path_of("x.safetensors")), 3);
+    assert_int_equal(run_cli("quantize --tensor nope '%s' '%s'", in, path_of("x.safetensors")), 3);
+    assert_int_equal(run_cli("quantize --tensor model.odd '%s' '%s'", in, path_of("x.safetensors")), 3);
+    assert_true(output_contains("stderr.txt", "model.odd"));
+    /* B must be quantized; A's tensor must exist; K must agree. */
+    assert_int_equal(run_cli("gemm '%s:model.act' '%s:model.w' '%s'", in, in, path_of("x.safetensors")), 3);
+    assert_int_equal(run_cli("gemm '%s:nope' '%s:model.w' '%s'", in, path_of("g_q.safetensors"), path_of("x.safetensors")), 3);
+    assert_int_equal(run_cli("gemm '%s:model.heavy' '%s:model.w' '%s'", in, path_of("g_q.safetensors"),
+                             path_of("x.safetensors")),
+                     3);
+    assert_true(output_contains("stderr.txt", "K differs"));
+    /* Nothing was written for any failure. */
+    assert_int_equal(access(path_of("x.safetensors"), F_OK), -1);
+
+    /* --help: exit 0, usage on stdout */
+    const char *cmds[4] = {"quantize", "dequantize", "gemm", "verify"};
+    for (int i = 0; i < 4; i++) {
+        assert_int_equal(run_cli("%s --help", cmds[i]), 0);
+        assert_true(output_contains("stdout.txt", "usage: fp4doctor"));
+    }
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_quantize_nvfp4_default),
+        cmocka_unit_test(test_quantize_options),
+        cmocka_unit_test(test_dequantize_round_trip),
+        cmocka_unit_test(test_gemm_ref_and_verify),
+        cmocka_unit_test(test_bad_input_exit_codes),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
