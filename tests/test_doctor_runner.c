@@ -1,0 +1,346 @@
+/*
+ * The doctor end to end: child processes, crash and hang handling with restarts, the
+ * quick suite against every faulty backend (the grader's check), reports, the cache.
+ * Needs the fp4doctor executable (FP4DOCTOR_BIN, set by ctest).
+ */
+#include <jansson.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "backend/verdict_cache.h"
+#include "fp4doctor/doctor.h"
+
+/* Sanitizer builds run 10-50x slower (so every time limit is raised) and report a NULL
+ * store through UBSan's abort (SIGABRT) rather than SIGSEGV. */
+#if defined(__SANITIZE_ADDRESS__)
+#define SANITIZED 1
+#else
+#define SANITIZED 0
+#endif
+
+static const char *timeout_scale(double base)
+{
+    static char buf[32];
+    snprintf(buf, sizeof buf, "%g", SANITIZED ? base * 10.0 : base);
+    return buf;
+}
+
+static const char *bin(void)
+{
+    const char *b = getenv("FP4DOCTOR_BIN");
+    return b ? b : FP4D_TEST_BINARY_DIR "/fp4doctor";
+}
+
+static char *slurp_cmd(const char *cmd, int *exit_code)
+{
+    FILE *p = popen(cmd, "r");
+    assert_non_null(p);
+    size_t cap = 1 << 20, len = 0;
+    char *buf = malloc(cap);
+    size_t n;
+    while ((n = fread(buf + len, 1, cap - len - 1, p)) > 0) {
+        len += n;
+        if (cap - len < 4096) buf = realloc(buf, cap *= 2);
+    }
+    buf[len] = '\0';
+    int st = pclose(p);
+    *exit_code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    return buf;
+}
+
+/* The issue's table: every faulty backend gets exactly its verdict and cause. */
+static void test_quick_suite_classifies_every_faulty_backend(void **state)
+{
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "FP4DOCTOR_TIMEOUT_SCALE=%s '%s' check --include-faulty --suite quick --json - --no-cache 2>/dev/null",
+             timeout_scale(1.0), bin());
+    int rc;
+    char *out = slurp_cmd(cmd, &rc);
+    assert_int_equal(rc, 1); /* faulty backends fail, so the check fails */
+    json_error_t err;
+    json_t *j = json_loads(out, 0, &err);
+    if (!j) fail_msg("JSON does not parse: %s (line %d)", err.text, err.line);
+    assert_int_equal(json_integer_value(json_object_get(j, "schema_version")), 1);
+    assert_true(json_is_object(json_object_get(j, "env")));
+    static const struct {
+        const char *name, *verdict, *verdict2, *cause, *cause2;
+    } want[] = {
+        {"ref", "PASS", NULL, NULL, NULL},
+        {"cpu", "PASS", NULL, NULL, NULL},
+        {"faulty-zeros", "ZEROS", NULL, "*", NULL},
+        {"faulty-m-window", "ZEROS", NULL, "m_dependent", NULL},
+        {"faulty-tile-rows", "UNWRITTEN", NULL, "tile_rows_missing", NULL},
+        {"faulty-nan-tile", "NAN", NULL, "*", NULL},
+        {"faulty-linear-scales", "WRONG", NULL, "scale_layout_linear", "scale_layout_swizzled"},
+        {"faulty-nibble-swap", "WRONG", NULL, "nibble_swap", NULL},
+        {"faulty-global-inverted", "WRONG", NULL, "global_scale_inverted", NULL},
+        {"faulty-ue8m0", "WRONG", NULL, "scale_decoded_as_ue8m0", NULL},
+        {"faulty-bf16-accum", "INACCURATE", "WRONG", "low_precision_accumulation", NULL},
+        {"faulty-racy", "NONDETERMINISTIC", NULL, "*", NULL},
+        {"faulty-oob", "OOB_WRITE", NULL, "*", NULL},
+        {"faulty-segv", "CRASH", NULL, "*", NULL},
+        {"faulty-hang", "TIMEOUT", NULL, "*", NULL},
+    };
+    json_t *backends = json_object_get(j, "backends");
+    for (size_t w = 0; w < sizeof want / sizeof want[0]; w++) {
+        json_t *found = NULL, *b;
+        size_t i;
+        json_array_foreach(backends, i, b) if (!strcmp(json_string_value(json_object_get(b, "name")), want[w].name)) found = b;
+        if (!found) fail_msg("backend %s missing from the report", want[w].name);
+        const char *v = json_string_value(json_object_get(found, "verdict"));
+        const char *c = json_string_value(json_object_get(found, "cause"));
+        bool v_ok = !strcmp(v, want[w].verdict) || (want[w].verdict2 && !strcmp(v, want[w].verdict2));
+        bool c_ok = want[w].cause ? (!strcmp(want[w].cause, "*") || (c && (!strcmp(c, want[w].cause) ||
+                                     (want[w].cause2 && !strcmp(c, want[w].cause2)))))
+                                  : c == NULL;
+        if (!v_ok || !c_ok)
+            fail_msg("%s: got %s / %s, want %s / %s (%s)", want[w].name, v, c ? c : "null", want[w].verdict,
+                     want[w].cause ? want[w].cause : "null",
+                     json_string_value(json_object_get(found, "summary")));
+    }
+    /* One record per backend x case, each with the documented fields. */
+    json_t *results = json_object_get(j, "results");
+    size_t ncases = json_array_size(json_object_get(j, "cases"));
+    assert_int_equal(json_array_size(results), ncases * json_array_size(backends));
+    json_t *r0 = json_array_get(results, 0);
+    for (const char **k = (const char *[]){"backend", "case", "verdict", "cause", "max_err_ratio", "time_ms", NULL}; *k; k++)
+        assert_non_null(json_object_get(r0, *k));
+    assert_string_equal(json_string_value(json_object_get(j, "recommended")), "cpu");
+    json_decref(j);
+    free(out);
+}
+
+/* Counts start and end tags; returns false on a mismatch (enough for well-formedness of
+ * what the JUnit writer produces: no comments, no CDATA). */
+static bool xml_balanced(const char *s)
+{
+    const char *stack[64];
+    size_t lens[64];
+    int depth = 0;
+    for (const char *p = strchr(s, '<'); p; p = strchr(p + 1, '<')) {
+        if (p[1] == '?') continue;
+        const char *end = strchr(p, '>');
+        if (!end) return false;
+        if (p[1] == '/') {
+            const char *name = p + 2;
+            size_t len = strcspn(name, " >");
+            if (depth == 0 || lens[depth - 1] != len || strncmp(stack[depth - 1], name, len)) return false;
+            depth--;
+        } else if (end[-1] != '/') {
+            if (depth == 64) return false;
+            stack[depth] = p + 1;
+            lens[depth++] = strcspn(p + 1, " >/");
+        }
+    }
+    return depth == 0;
+}
+
+static char *slurp_file(const char *path)
+{
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *b = malloc((size_t)n + 1);
+    assert_int_equal(fread(b, 1, (size_t)n, f), (size_t)n);
+    b[n] = '\0';
+    fclose(f);
+    return b;
+}
+
+static void test_crash_and_hang_restart_and_reports(void **state)
+{
+    setenv("FP4DOCTOR_TIMEOUT_SCALE", timeout_scale(0.5), 1);
+    const char *backends[] = {"faulty-segv", "faulty-hang", "cpu"};
+    /* m1.n192 (idx 0), m2.n256 (hangs), k4096 (crashes), then an MXFP4 case that must
+     * still run in a fresh child after the crash and after the hang. */
+    const char *filters[] = {".m1.n192.k256", ".m2.n256.k128", ".k4096", "mxfp4xmxfp4.swz"};
+    fp4d_doctor_options o;
+    memset(&o, 0, sizeof o);
+    o.suite = FP4D_SUITE_QUICK;
+    o.seed = 3;
+    o.backends = backends;
+    o.num_backends = 3;
+    o.device = -1;
+    o.include_faulty = true;
+    o.self_exe = bin();
+    o.case_filter = filters;
+    o.num_case_filters = 4;
+    fp4d_report rep;
+    assert_int_equal(fp4d_doctor_run(&o, &rep), FP4D_STATUS_OK);
+    unsetenv("FP4DOCTOR_TIMEOUT_SCALE");
+    assert_int_equal(rep.num_backends, 3);
+    int seen = 0;
+    for (size_t i = 0; i < rep.num_cases; i++) {
+        const fp4d_case *c = &rep.cases[i];
+        const fp4d_case_result *segv = &rep.backends[0].results[i], *hang = &rep.backends[1].results[i],
+                               *cpu = &rep.backends[2].results[i];
+        if (strstr(c->name, ".k4096")) {
+            assert_int_equal(segv->verdict, FP4D_VERDICT_CRASH);
+            if (!SANITIZED) {
+                assert_int_equal(segv->signal, 11);
+                assert_non_null(strstr(segv->detail, "signal 11"));
+            }
+            seen++;
+        } else if (strstr(c->name, ".m2.n256.k128")) {
+            assert_int_equal(hang->verdict, FP4D_VERDICT_TIMEOUT);
+            seen++;
+        } else if (strstr(c->name, "mxfp4xmxfp4.swz")) {
+            assert_int_equal(segv->verdict, FP4D_VERDICT_PASS);
+            assert_int_equal(hang->verdict, FP4D_VERDICT_PASS);
+            assert_true(segv->ran && hang->ran);
+            seen++;
+        } else if (!strstr(c->name, ".m1.n192.k256")) {
+            /* not selected */
+            assert_int_equal(cpu->verdict, FP4D_VERDICT_UNSUPPORTED);
+            assert_false(cpu->ran);
+        }
+    }
+    assert_int_equal(seen, 3);
+    assert_int_equal(rep.backends[0].verdict, FP4D_VERDICT_CRASH);
+    assert_int_equal(rep.backends[1].verdict, FP4D_VERDICT_TIMEOUT);
+    assert_int_equal(rep.backends[2].verdict, FP4D_VERDICT_PASS);
+    assert_int_equal(fp4d_report_exit_code(&rep), 1);
+    assert_string_equal(rep.recommended, "cpu");
+
+    char dir[] = "/tmp/fp4d_reportXXXXXX";
+    assert_non_null(mkdtemp(dir));
+    char pj[128], px[128], ph[128], pt[128];
+    snprintf(pj, sizeof pj, "%s/r.json", dir), snprintf(px, sizeof px, "%s/r.xml", dir);
+    snprintf(ph, sizeof ph, "%s/r.html", dir), snprintf(pt, sizeof pt, "%s/r.txt", dir);
+    FILE *f;
+    assert_non_null(f = fopen(pj, "w")), assert_int_equal(fp4d_report_write_json(&rep, f), FP4D_STATUS_OK), fclose(f);
+    assert_non_null(f = fopen(px, "w")), assert_int_equal(fp4d_report_write_junit(&rep, f), FP4D_STATUS_OK), fclose(f);
+    assert_non_null(f = fopen(ph, "w")), assert_int_equal(fp4d_report_write_html(&rep, f), FP4D_STATUS_OK), fclose(f);
+    assert_non_null(f = fopen(pt, "w")), assert_int_equal(fp4d_report_write_text(&rep, f, false), FP4D_STATUS_OK), fclose(f);
+
+    json_error_t err;
+    json_t *j = json_load_file(pj, 0, &err);
+    if (!j) fail_msg("report JSON does not parse: %s", err.text);
+    assert_int_equal(json_array_size(json_object_get(j, "results")), 3 * rep.num_cases);
+    json_decref(j);
+
+    char *x = slurp_file(px);
+    assert_true(xml_balanced(x));
+    assert_non_null(strstr(x, "<testsuites"));
+    assert_non_null(strstr(x, "type=\"CRASH\""));
+    assert_non_null(strstr(x, "type=\"TIMEOUT\""));
+    free(x);
+
+    char *h = slurp_file(ph);
+    assert_non_null(strstr(h, "<svg id=\"heatmap\""));
+    assert_non_null(strstr(h, "<svg id=\"errplot\""));
+    assert_non_null(strstr(h, "id=\"matrix\""));
+    assert_null(strstr(h, "src=\"http")); /* self-contained: no external resources */
+    assert_null(strstr(h, "href=\"http"));
+    assert_null(strstr(h, "<script src"));
+    assert_non_null(strstr(h, "</html>"));
+    free(h);
+
+    char *t = slurp_file(pt);
+    assert_non_null(strstr(t, "faulty-segv"));
+    assert_non_null(strstr(t, "CRASH"));
+    assert_null(strstr(t, "\033[")); /* no colour when asked for none */
+    free(t);
+    remove(pj), remove(px), remove(ph), remove(pt), rmdir(dir);
+    fp4d_report_free(&rep);
+}
+
+static void test_verdict_cache(void **state)
+{
+    char dir[] = "/tmp/fp4d_cacheXXXXXX";
+    assert_non_null(mkdtemp(dir));
+    setenv("XDG_CACHE_HOME", dir, 1);
+    unsetenv("FP4DOCTOR_NO_CACHE");
+    fp4d_verdict_cache_disable(false);
+    const char *path = fp4d_verdict_cache_path();
+    assert_int_equal(strncmp(path, dir, strlen(dir)), 0);
+    fp4d_cached_verdict v = {"PASS", "quick", 12.5}, got;
+    assert_false(fp4d_verdict_cache_get("cpu", -1, &got));
+    assert_int_equal(fp4d_verdict_cache_put("cpu", -1, &v), FP4D_STATUS_OK);
+    fp4d_cached_verdict w = {"WRONG", "default", 0};
+    assert_int_equal(fp4d_verdict_cache_put("cublaslt", 0, &w), FP4D_STATUS_OK);
+    assert_true(fp4d_verdict_cache_get("cpu", -1, &got));
+    assert_string_equal(got.verdict, "PASS");
+    assert_string_equal(got.suite, "quick");
+    assert_true(got.gflops == 12.5);
+    assert_true(fp4d_verdict_cache_get("cublaslt", 0, &got));
+    assert_string_equal(got.verdict, "WRONG");
+    assert_false(fp4d_verdict_cache_get("cublaslt", 1, &got)); /* another device */
+    /* The file is plain JSON; no temporary file is left behind. */
+    json_error_t err;
+    json_t *j = json_load_file(path, 0, &err);
+    assert_non_null(j);
+    assert_non_null(json_object_get(json_object_get(j, "entries"), "cpu@host"));
+    json_decref(j);
+    char tmp[4200];
+    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
+    assert_int_not_equal(access(tmp, F_OK), 0);
+    /* Disabled: neither read nor written. */
+    fp4d_verdict_cache_disable(true);
+    assert_false(fp4d_verdict_cache_get("cpu", -1, &got));
+    fp4d_verdict_cache_disable(false);
+    /* A corrupt file is no cache, and the next put replaces it. */
+    FILE *f = fopen(path, "w");
+    fputs("{not json", f);
+    fclose(f);
+    assert_false(fp4d_verdict_cache_get("cpu", -1, &got));
+    assert_int_equal(fp4d_verdict_cache_put("cpu", -1, &v), FP4D_STATUS_OK);
+    assert_true(fp4d_verdict_cache_get("cpu", -1, &got));
+    remove(path);
+    char sub[256];
+    snprintf(sub, sizeof sub, "%s/fp4doctor", dir);
+    rmdir(sub);
+    rmdir(dir);
+}
+
+static void test_cli_usage_errors(void **state)
+{
+    char cmd[1024];
+    int rc;
+    const char *bad[] = {"check --suite nope", "check --backend no-such-backend", "check --device x",
+                         "check --bogus", "check --seed -3", "env --bogus"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        snprintf(cmd, sizeof cmd, "'%s' %s 2>&1", bin(), bad[i]);
+        char *out = slurp_cmd(cmd, &rc);
+        if (rc != 2) fail_msg("'%s' exited %d, want 2 (%s)", bad[i], rc, out);
+        int lines = 0;
+        for (const char *q = out; *q; q++) lines += *q == '\n';
+        if (lines != 1) fail_msg("'%s' printed %d lines, want one: %s", bad[i], lines, out);
+        free(out);
+    }
+    snprintf(cmd, sizeof cmd, "'%s' check --plugin /nonexistent/x.so --suite quick 2>&1", bin());
+    free(slurp_cmd(cmd, &rc));
+    assert_int_equal(rc, 3);
+    snprintf(cmd, sizeof cmd, "'%s' env --json", bin());
+    char *out = slurp_cmd(cmd, &rc);
+    assert_int_equal(rc, 0);
+    json_error_t err;
+    json_t *j = json_loads(out, 0, &err);
+    assert_non_null(j);
+    assert_true(json_is_array(json_object_get(j, "gpus")));
+    assert_true(json_is_array(json_object_get(j, "warnings")));
+    assert_true(json_integer_value(json_object_get(json_object_get(j, "cpu"), "cores")) >= 1);
+    json_decref(j);
+    free(out);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_verdict_cache),
+        cmocka_unit_test(test_cli_usage_errors),
+        cmocka_unit_test(test_crash_and_hang_restart_and_reports),
+        cmocka_unit_test(test_quick_suite_classifies_every_faulty_backend),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
