@@ -1,0 +1,609 @@
+/*
+ * backend_cuda.c - the `cuda` backend: fp4doctor's own kernels (kernels.cu).
+ *
+ * Paths, chosen per problem:
+ *  - skinny: M (or an expert's rows) small and K % 32 == 0, activations bf16, f16 (with
+ *    NVFP4 weights) or FP4: packed weights streamed once through tensor cores (memory-bound
+ *    decode shapes and the grouped MoE GEMM);
+ *  - tiled: weights dequantized into a dense bf16/f16 buffer, then a tensor-core GEMM
+ *    (large M, where the GEMM is compute-bound and the dequantize pass is cheap);
+ *  - simt: f32 CUDA-core GEMM on f32-dequantized operands, for f32 activations and for
+ *    MXFP4 weights with f16 activations (whose dequantized values may not fit in f16).
+ * gemm() takes host pointers (gemm.h): it uploads the operands and the caller's output
+ * buffer (so elements a kernel failed to write stay visibly poisoned), runs, and downloads.
+ */
+#include <math.h>
+#include <float.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda_backends.h"
+#include "cuda_internal.h"
+#include "internal.h"
+
+#define FP4D_CUDA_SKINNY_MAX_M_DEFAULT 256
+
+typedef struct cuda_ctx {
+    int          device, sm_count, cc;
+    size_t       l2_bytes;
+    cudaStream_t stream;
+    int64_t      skinny_max_m;
+    fp4d_devbuf  a, a_sc, b, b_sc, out;  /* uploaded operands */
+    fp4d_devbuf  wa, wb;                 /* dense working copies */
+    fp4d_devbuf  params;                 /* skinny work items, pointer tables, alphas */
+    fp4d_devbuf  partials, counters;     /* split-K scratch (counters stay zero between launches) */
+    fp4d_devbuf  amax;
+} cuda_ctx;
+
+/* A GEMM whose operands are on the device; per-expert tables live on the host. */
+typedef struct dev_gemm {
+    fp4d_dtype        a_type;
+    const void       *a;
+    const uint8_t    *a_scales;
+    fp4d_scale_layout a_layout;
+    int64_t           a_rows;
+    fp4d_dtype        b_format;
+    fp4d_scale_layout b_layout;
+    int32_t           num_experts;
+    const uint8_t   **b_codes;   /* host array of device pointers */
+    const uint8_t   **b_scales;
+    const float      *alpha;     /* host array */
+    const int64_t    *offsets;   /* host array, num_experts + 1 */
+    int64_t           n, k;
+    fp4d_dtype        out_type;
+    void             *out;
+} dev_gemm;
+
+typedef enum { PATH_SKINNY, PATH_TILED, PATH_SIMT } gemm_path;
+
+static bool is_fp4(fp4d_dtype t) { return t == FP4D_DTYPE_NVFP4 || t == FP4D_DTYPE_MXFP4; }
+
+/* The dense operand type of the tiled/simt paths: one that holds the activations and the
+ * dequantized weights exactly. */
+static fp4d_dtype dense_type(fp4d_dtype a, fp4d_dtype b)
+{
+    if (a == FP4D_DTYPE_F32) return FP4D_DTYPE_F32;
+    if (a == FP4D_DTYPE_F16) return b == FP4D_DTYPE_NVFP4 ? FP4D_DTYPE_F16 : FP4D_DTYPE_F32;
+    return FP4D_DTYPE_BF16; /* bf16 and FP4 activations (e2m1 x scale is exact in bf16) */
+}
+
+static gemm_path choose_path(const cuda_ctx *c, fp4d_dtype a, fp4d_dtype b, int64_t k, int64_t max_rows_per_expert)
+{
+    const fp4d_dtype d = dense_type(a, b);
+    const char *force = getenv("FP4DOCTOR_CUDA_PATH"); /* skinny|tiled|simt, for benchmarking */
+    const bool skinny_ok = k % 32 == 0 && d != FP4D_DTYPE_F32;
+    if (force) {
+        if (!strcmp(force, "skinny") && skinny_ok) return PATH_SKINNY;
+        if (!strcmp(force, "tiled") && d != FP4D_DTYPE_F32) return PATH_TILED;
+        if (!strcmp(force, "simt")) return PATH_SIMT;
+    }
+    if (d == FP4D_DTYPE_F32) return PATH_SIMT;
+    if (skinny_ok && max_rows_per_expert <= c->skinny_max_m) return PATH_SKINNY;
+    return PATH_TILED;
+}
+
+static int64_t max_rows_per_expert(const dev_gemm *g)
+{
+    if (!g->offsets) return g->a_rows;
+    int64_t mx = 0;
+    for (int32_t e = 0; e < g->num_experts; e++)
+        if (g->offsets[e + 1] - g->offsets[e] > mx) mx = g->offsets[e + 1] - g->offsets[e];
+    return mx;
+}
+
+/* ---- skinny path --------------------------------------------------------------------- */
+
+static size_t align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
+
+/*
+ * Builds the work items and tables of a skinny launch into `params` (device) and fills
+ * args. Items cover each expert's rows in pieces of 16 (when no expert has more than 16
+ * rows) or 32.
+ */
+static fp4d_status plan_skinny(cuda_ctx *c, const dev_gemm *g, fp4d_devbuf *params, fp4d_skinny_args *args)
+{
+    const int64_t mx = max_rows_per_expert(g);
+    const int32_t piece = mx <= 16 ? 16 : 32;
+    int64_t items = 0;
+    for (int32_t e = 0; e < g->num_experts; e++) {
+        const int64_t r0 = g->offsets ? g->offsets[e] : 0, r1 = g->offsets ? g->offsets[e + 1] : g->a_rows;
+        items += (r1 - r0 + piece - 1) / piece;
+    }
+    FP4D_RETURN_ERROR_IF(items > 65535, UNSUPPORTED, "cuda: %lld work items exceed one launch", (long long)items);
+    const size_t items_bytes = align_up((size_t)(items ? items : 1) * sizeof(fp4d_skinny_item), 16);
+    const size_t ptr_bytes = align_up((size_t)g->num_experts * sizeof(void *), 16);
+    const size_t alpha_bytes = align_up((size_t)g->num_experts * sizeof(float), 16);
+    const size_t total = items_bytes + 2 * ptr_bytes + alpha_bytes;
+    uint8_t *host = calloc(1, total);
+    FP4D_RETURN_ERROR_IF(!host, NOMEM, "cuda: out of host memory");
+    fp4d_skinny_item *it = (fp4d_skinny_item *)host;
+    int64_t n_items = 0;
+    for (int32_t e = 0; e < g->num_experts; e++) {
+        const int64_t r0 = g->offsets ? g->offsets[e] : 0, r1 = g->offsets ? g->offsets[e + 1] : g->a_rows;
+        for (int64_t r = r0; r < r1; r += piece) {
+            it[n_items].row0 = (int32_t)r;
+            it[n_items].rows = (int32_t)(r1 - r < piece ? r1 - r : piece);
+            it[n_items].expert = e;
+            n_items++;
+        }
+    }
+    memcpy(host + items_bytes, g->b_codes, (size_t)g->num_experts * sizeof(void *));
+    memcpy(host + items_bytes + ptr_bytes, g->b_scales, (size_t)g->num_experts * sizeof(void *));
+    memcpy(host + items_bytes + 2 * ptr_bytes, g->alpha, (size_t)g->num_experts * sizeof(float));
+    fp4d_status st = fp4d_devbuf_reserve(params, total, false);
+    if (st == FP4D_STATUS_OK) {
+        /* synchronous: the host table is freed right after */
+        cudaError_t e = cudaMemcpy(params->ptr, host, total, cudaMemcpyHostToDevice);
+        if (e != cudaSuccess) st = fp4d_cuda_status(e, "cuda: upload work items");
+    }
+    free(host);
+    FP4D_FORWARD_IF_ERROR(st);
+
+    memset(args, 0, sizeof *args);
+    args->a_type = g->a_type;
+    args->a = g->a;
+    args->a_scales = g->a_scales;
+    args->a_layout = g->a_layout;
+    args->a_rows_total = g->a_rows;
+    args->b_format = g->b_format;
+    args->b_layout = g->b_layout;
+    args->b_codes = (const uint8_t *const *)((uint8_t *)params->ptr + items_bytes);
+    args->b_scales = (const uint8_t *const *)((uint8_t *)params->ptr + items_bytes + ptr_bytes);
+    args->alpha = (const float *)((uint8_t *)params->ptr + items_bytes + 2 * ptr_bytes);
+    args->n = g->n;
+    args->k = g->k;
+    args->items = (const fp4d_skinny_item *)params->ptr;
+    args->num_items = (int32_t)n_items;
+    args->max_rows = piece;
+    args->out_type = g->out_type;
+    args->out = g->out;
+    args->splits = n_items ? fp4d_cuda_skinny_pick_splits(g->n, g->k, (int32_t)n_items, c->sm_count) : 1;
+    if (args->splits > 1) {
+        size_t pb = 0, cc = 0;
+        fp4d_cuda_skinny_scratch(g->n, (int32_t)n_items, args->splits, piece, &pb, &cc);
+        FP4D_FORWARD_IF_ERROR(fp4d_devbuf_reserve(&c->partials, pb, false));
+        FP4D_FORWARD_IF_ERROR(fp4d_devbuf_reserve(&c->counters, cc * sizeof(uint32_t), true));
+        args->partials = c->partials.ptr;
+        args->counters = c->counters.ptr;
+    }
+    return FP4D_STATUS_OK;
+}
+
+static fp4d_status launch_skinny(const cuda_ctx *c, const fp4d_skinny_args *args)
+{
+    if (args->num_items == 0) return FP4D_STATUS_OK;
+    FP4D_CUDA_TRY(fp4d_cuda_skinny_gemm(args, c->stream), "cuda: skinny GEMM launch");
+    return FP4D_STATUS_OK;
+}
+
+/* ---- dense paths --------------------------------------------------------------------- */
+
+static fp4d_status run_dense(cuda_ctx *c, const dev_gemm *g, gemm_path path)
+{
+    const fp4d_dtype d = path == PATH_SIMT ? FP4D_DTYPE_F32 : dense_type(g->a_type, g->b_format);
+    const size_t esz = fp4d_dtype_get(d)->element_bits / 8;
+    const size_t osz = fp4d_out_elem_size(g->out_type);
+    /* activations: whole A in the dense type (row slices of a dense matrix are trivial,
+     * unlike those of swizzled scales) */
+    const void *a = g->a;
+    if (g->a_type != d) {
+        FP4D_FORWARD_IF_ERROR(fp4d_devbuf_reserve(&c->wa, (size_t)g->a_rows * (size_t)g->k * esz, false));
+        if (is_fp4(g->a_type)) {
+            fp4d_dev_fp4 src = {g->a, g->a_scales, g->a_rows, g->k, g->a_type, g->a_layout};
+            FP4D_CUDA_TRY(fp4d_cuda_dequantize(&src, d, c->wa.ptr, c->stream), "cuda: dequantize A");
+        } else {
+            FP4D_CUDA_TRY(fp4d_cuda_convert(g->a_type, g->a, d, c->wa.ptr, (size_t)(g->a_rows * g->k), c->stream),
+                          "cuda: convert A");
+        }
+        a = c->wa.ptr;
+    }
+    FP4D_FORWARD_IF_ERROR(fp4d_devbuf_reserve(&c->wb, (size_t)g->n * (size_t)g->k * esz, false));
+    for (int32_t e = 0; e < g->num_experts; e++) {
+        const int64_t r0 = g->offsets ? g->offsets[e] : 0, r1 = g->offsets ? g->offsets[e + 1] : g->a_rows;
+        if (r1 == r0) continue;
+        fp4d_dev_fp4 w = {g->b_codes[e], g->b_scales[e], g->n, g->k, g->b_format, g->b_layout};
+        FP4D_CUDA_TRY(fp4d_cuda_dequantize(&w, d, c->wb.ptr, c->stream), "cuda: dequantize B");
+        const void *a_rows = (const uint8_t *)a + (size_t)r0 * (size_t)g->k * esz;
+        void *o = (uint8_t *)g->out + (size_t)r0 * (size_t)g->n * osz;
+        if (path == PATH_SIMT)
+            FP4D_CUDA_TRY(fp4d_cuda_simt_gemm(a_rows, c->wb.ptr, r1 - r0, g->n, g->k, g->alpha[e], g->out_type, o,
+                                              c->stream),
+                          "cuda: simt GEMM");
+        else
+            FP4D_CUDA_TRY(fp4d_cuda_tiled_gemm(d, a_rows, c->wb.ptr, r1 - r0, g->n, g->k, g->alpha[e], g->out_type,
+                                               o, c->stream),
+                          "cuda: tiled GEMM");
+    }
+    return FP4D_STATUS_OK;
+}
+
+static fp4d_status run_dev_gemm(cuda_ctx *c, const dev_gemm *g)
+{
+    const gemm_path path = choose_path(c, g->a_type, g->b_format, g->k, max_rows_per_expert(g));
+    if (path != PATH_SKINNY) return run_dense(c, g, path);
+    fp4d_skinny_args args;
+    FP4D_FORWARD_IF_ERROR(plan_skinny(c, g, &c->params, &args));
+    return launch_skinny(c, &args);
+}
+
+/* ---- the iface ----------------------------------------------------------------------- */
+
+static fp4d_status cuda_init(void *user_data, int device, void **out, fp4d_reason *why)
+{
+    (void)user_data;
+    *out = NULL;
+    cuda_ctx *c = calloc(1, sizeof *c);
+    FP4D_RETURN_ERROR_IF(!c, NOMEM, "cuda: out of memory");
+    fp4d_status st = fp4d_cuda_open_device(device, &c->device, &c->sm_count, &c->l2_bytes, &c->cc, why);
+    if (st != FP4D_STATUS_OK) {
+        free(c);
+        return st;
+    }
+    int bin = 0, ptx = 0;
+    int e = fp4d_cuda_kernel_binary_version(c->device, &bin, &ptx);
+    if (e != 0) {
+        fp4d_cuda_reason(why, "this fp4doctor has no kernels for compute capability %d.%d (built for %s): %s",
+                         c->cc / 10, c->cc % 10, FP4D_CUDA_ARCHS_BUILT, cudaGetErrorString((cudaError_t)e));
+        free(c);
+        return fp4d_set_error(FP4D_STATUS_UNSUPPORTED, "%s", why ? why->text : "no kernels for this GPU");
+    }
+    if (cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking) != cudaSuccess) {
+        fp4d_cuda_reason(why, "cannot create a CUDA stream on GPU %d", c->device);
+        free(c);
+        return fp4d_set_error(FP4D_STATUS_DEVICE, "cannot create a CUDA stream");
+    }
+    c->skinny_max_m = FP4D_CUDA_SKINNY_MAX_M_DEFAULT;
+    const char *env = getenv("FP4DOCTOR_CUDA_SKINNY_MAX_M");
+    if (env && atoll(env) > 0) c->skinny_max_m = atoll(env);
+    *out = c;
+    return FP4D_STATUS_OK;
+}
+
+static void cuda_free(void *ctx)
+{
+    cuda_ctx *c = ctx;
+    if (!c) return;
+    cudaSetDevice(c->device);
+    if (c->stream) cudaStreamSynchronize(c->stream);
+    fp4d_devbuf *bufs[] = {&c->a, &c->a_sc, &c->b, &c->b_sc, &c->out, &c->wa, &c->wb,
+                           &c->params, &c->partials, &c->counters, &c->amax};
+    for (size_t i = 0; i < FP4D_ARRAY_LEN(bufs); i++) fp4d_devbuf_free(bufs[i]);
+    if (c->stream) cudaStreamDestroy(c->stream);
+    free(c);
+}
+
+static bool cuda_supports(void *ctx, const fp4d_gemm_desc *d, fp4d_reason *why)
+{
+    (void)ctx;
+    if (!is_fp4(d->b_type)) {
+        fp4d_cuda_reason(why, "weights must be nvfp4 or mxfp4");
+        return false;
+    }
+    if (d->a_type != FP4D_DTYPE_F32 && d->a_type != FP4D_DTYPE_BF16 && d->a_type != FP4D_DTYPE_F16 && !is_fp4(d->a_type)) {
+        fp4d_cuda_reason(why, "unsupported activation type");
+        return false;
+    }
+    if (d->out_type != FP4D_DTYPE_F32 && d->out_type != FP4D_DTYPE_BF16 && d->out_type != FP4D_DTYPE_F16) {
+        fp4d_cuda_reason(why, "output must be f32, bf16 or f16");
+        return false;
+    }
+    if (d->m > (INT64_C(1) << 31) || d->n > (INT64_C(1) << 31)) {
+        fp4d_cuda_reason(why, "M and N above 2^31 are not supported");
+        return false;
+    }
+    return true;
+}
+
+static fp4d_status sync_and_check(cuda_ctx *c, const char *what)
+{
+    cudaError_t e = cudaStreamSynchronize(c->stream);
+    if (e == cudaSuccess) e = cudaGetLastError();
+    if (e != cudaSuccess) return fp4d_cuda_status(e, what);
+    return FP4D_STATUS_OK;
+}
+
+static fp4d_status cuda_gemm(void *ctx, const fp4d_gemm_problem *p)
+{
+    cuda_ctx *c = ctx;
+    FP4D_CUDA_TRY(cudaSetDevice(c->device), "cuda: cudaSetDevice");
+    FP4D_FORWARD_IF_ERROR(fp4d_cuda_upload_matrix(&p->a, &c->a, &c->a_sc, c->stream));
+    FP4D_FORWARD_IF_ERROR(fp4d_cuda_upload_matrix(&p->b, &c->b, &c->b_sc, c->stream));
+    const size_t out_bytes = (size_t)p->a.rows * (size_t)p->b.rows * fp4d_out_elem_size(p->out_type);
+    FP4D_FORWARD_IF_ERROR(fp4d_devbuf_reserve(&c->out, out_bytes, false));
+    FP4D_CUDA_TRY(cudaMemcpyAsync(c->out.ptr, p->out, out_bytes, cudaMemcpyHostToDevice, c->stream), "cuda: upload out");
+
+    const uint8_t *bc = c->b.ptr, *bs = c->b_sc.ptr;
+    dev_gemm g = {
+        .a_type = p->a.dtype, .a = c->a.ptr, .a_scales = c->a_sc.ptr, .a_layout = p->a.scale_layout,
+        .a_rows = p->a.rows, .b_format = p->b.dtype, .b_layout = p->b.scale_layout, .num_experts = 1,
+        .b_codes = &bc, .b_scales = &bs, .alpha = &p->alpha, .offsets = NULL, .n = p->b.rows, .k = p->a.cols,
+        .out_type = p->out_type, .out = c->out.ptr,
+    };
+    FP4D_FORWARD_IF_ERROR(run_dev_gemm(c, &g));
+    FP4D_CUDA_TRY(cudaMemcpyAsync(p->out, c->out.ptr, out_bytes, cudaMemcpyDeviceToHost, c->stream), "cuda: download out");
+    return sync_and_check(c, "cuda: GEMM");
+}
+
+static fp4d_status cuda_grouped_gemm(void *ctx, const fp4d_grouped_gemm_problem *p)
+{
+    cuda_ctx *c = ctx;
+    FP4D_CUDA_TRY(cudaSetDevice(c->device), "cuda: cudaSetDevice");
+    const int32_t E = p->num_experts;
+    const int64_t n = p->b[0].rows, k = p->a.cols;
+    if (p->a.rows > 0) FP4D_FORWARD_IF_ERROR(fp4d_cuda_upload_matrix(&p->a, &c->a, &c->a_sc, c->stream));
+    /* all experts' weights into one buffer: codes, then scales */
+    const size_t cb = fp4d_cuda_matrix_data_bytes(&p->b[0]), sb = align_up(fp4d_cuda_matrix_scale_bytes(&p->b[0]), 16);
+    const size_t cb16 = align_up(cb, 16);
+    FP4D_FORWARD_IF_ERROR(fp4d_devbuf_reserve(&c->b, (cb16 + sb) * (size_t)E, false));
+    const uint8_t **codes = calloc((size_t)E * 2, sizeof *codes);
+    FP4D_RETURN_ERROR_IF(!codes, NOMEM, "cuda: out of memory");
+    const uint8_t **scales = codes + E;
+    fp4d_status st = FP4D_STATUS_OK;
+    for (int32_t e = 0; e < E && st == FP4D_STATUS_OK; e++) {
+        uint8_t *dc = (uint8_t *)c->b.ptr + (size_t)e * cb16, *ds = (uint8_t *)c->b.ptr + (size_t)E * cb16 + (size_t)e * sb;
+        codes[e] = dc;
+        scales[e] = ds;
+        if (cudaMemcpyAsync(dc, p->b[e].data, cb, cudaMemcpyHostToDevice, c->stream) != cudaSuccess ||
+            cudaMemcpyAsync(ds, p->b[e].scales, fp4d_cuda_matrix_scale_bytes(&p->b[e]), cudaMemcpyHostToDevice,
+                            c->stream) != cudaSuccess)
+            st = fp4d_set_error(FP4D_STATUS_DEVICE, "cuda: upload of expert %d failed", (int)e);
+    }
+    const size_t out_bytes = (size_t)p->a.rows * (size_t)n * fp4d_out_elem_size(p->out_type);
+    if (st == FP4D_STATUS_OK && out_bytes) {
+        st = fp4d_devbuf_reserve(&c->out, out_bytes, false);
+        if (st == FP4D_STATUS_OK &&
+            cudaMemcpyAsync(c->out.ptr, p->out, out_bytes, cudaMemcpyHostToDevice, c->stream) != cudaSuccess)
+            st = fp4d_set_error(FP4D_STATUS_DEVICE, "cuda: upload out failed");
+    }
+    if (st == FP4D_STATUS_OK && p->a.rows > 0) {
+        dev_gemm g = {
+            .a_type = p->a.dtype, .a = c->a.ptr, .a_scales = c->a_sc.ptr, .a_layout = p->a.scale_layout,
+            .a_rows = p->a.rows, .b_format = p->b[0].dtype, .b_layout = p->b[0].scale_layout, .num_experts = E,
+            .b_codes = codes, .b_scales = scales, .alpha = p->alpha, .offsets = p->expert_offsets, .n = n, .k = k,
+            .out_type = p->out_type, .out = c->out.ptr,
+        };
+        st = run_dev_gemm(c, &g);
+        if (st == FP4D_STATUS_OK &&
+            cudaMemcpyAsync(p->out, c->out.ptr, out_bytes, cudaMemcpyDeviceToHost, c->stream) != cudaSuccess)
+            st = fp4d_set_error(FP4D_STATUS_DEVICE, "cuda: download out failed");
+    }
+    fp4d_status sync = sync_and_check(c, "cuda: grouped GEMM");
+    free(codes);
+    return st != FP4D_STATUS_OK ? st : sync;
+}
+
+static fp4d_status cuda_quantize(void *ctx, fp4d_quantize_problem *q)
+{
+    cuda_ctx *c = ctx;
+    FP4D_RETURN_ERROR_IF(q->params.format != FP4D_DTYPE_NVFP4 || q->params.convention != FP4D_CONV_FLASHINFER_EXACT,
+                         UNSUPPORTED, "cuda: the GPU quantizer implements NVFP4 with the flashinfer-exact convention only");
+    FP4D_RETURN_ERROR_IF(q->src_type != FP4D_DTYPE_F32 && q->src_type != FP4D_DTYPE_BF16 && q->src_type != FP4D_DTYPE_F16,
+                         INVALID_ARG, "cuda: quantize source must be f32, bf16 or f16");
+    FP4D_RETURN_ERROR_IF(q->cols % 16 != 0 || q->rows < 0, INVALID_ARG, "cuda: quantize needs cols %% 16 == 0");
+    FP4D_RETURN_ERROR_IF(!(q->params.encode_scale >= 0.0f), INVALID_ARG, "cuda: encode_scale must be >= 0");
+    FP4D_CUDA_TRY(cudaSetDevice(c->device), "cuda: cudaSetDevice");
+    const fp4d_matrix src = {q->src_type, q->rows, q->cols, q->src, NULL, FP4D_LAYOUT_LINEAR};
+    const size_t code_bytes = (size_t)q->rows * (size_t)q->cols / 2;
+    const size_t scale_bytes = fp4d_scale_buffer_size(q->params.scale_layout, q->rows, q->cols / 16);
+    if (q->rows == 0 || q->cols == 0) {
+        q->result.encode_scale = q->params.encode_scale > 0 ? q->params.encode_scale : INFINITY;
+        q->result.decode_scale = q->params.encode_scale > 0 ? 1.0f / q->params.encode_scale : 0.0f;
+        return FP4D_STATUS_OK;
+    }
+    FP4D_FORWARD_IF_ERROR(fp4d_cuda_upload_matrix(&src, &c->a, &c->a_sc, c->stream));
+    float gs = q->params.encode_scale, decode;
+    if (gs > 0.0f) {
+        decode = 1.0f / gs;
+    } else {
+        /* gs = 2688 / amax with amax = nan_to_num(|x|).max(): NaN ignored, inf -> FLT_MAX
+         * (the same derivation as src/formats/convention.c for flashinfer-exact) */
+        FP4D_FORWARD_IF_ERROR(fp4d_devbuf_reserve(&c->amax, sizeof(float), false));
+        FP4D_CUDA_TRY(fp4d_cuda_amax(q->src_type, c->a.ptr, code_bytes * 2, c->amax.ptr, c->stream), "cuda: amax");
+        float amax = 0.0f;
+        FP4D_CUDA_TRY(cudaMemcpyAsync(&amax, c->amax.ptr, sizeof amax, cudaMemcpyDeviceToHost, c->stream), "cuda: amax");
+        FP4D_CUDA_TRY(cudaStreamSynchronize(c->stream), "cuda: amax");
+        if (isinf(amax)) amax = FLT_MAX;
+        gs = 2688.0f / amax;
+        decode = amax / 2688.0f;
+    }
+    FP4D_FORWARD_IF_ERROR(fp4d_devbuf_reserve(&c->b, code_bytes, false));
+    FP4D_FORWARD_IF_ERROR(fp4d_devbuf_reserve(&c->b_sc, scale_bytes, false));
+    if (q->params.scale_layout != FP4D_LAYOUT_LINEAR)
+        FP4D_CUDA_TRY(cudaMemsetAsync(c->b_sc.ptr, 0, scale_bytes, c->stream), "cuda: clear scale padding");
+    FP4D_CUDA_TRY(fp4d_cuda_quantize_nvfp4(q->src_type, c->a.ptr, q->rows, q->cols, gs, q->params.scale_layout,
+                                           c->b.ptr, c->b_sc.ptr, c->stream),
+                  "cuda: quantize launch");
+    FP4D_CUDA_TRY(cudaMemcpyAsync(q->codes, c->b.ptr, code_bytes, cudaMemcpyDeviceToHost, c->stream), "cuda: download codes");
+    FP4D_CUDA_TRY(cudaMemcpyAsync(q->scales, c->b_sc.ptr, scale_bytes, cudaMemcpyDeviceToHost, c->stream),
+                  "cuda: download scales");
+    FP4D_FORWARD_IF_ERROR(sync_and_check(c, "cuda: quantize"));
+    q->result.encode_scale = gs;
+    q->result.decode_scale = decode;
+    return FP4D_STATUS_OK;
+}
+
+static int cuda_score(void *ctx, const fp4d_gemm_desc *d)
+{
+    (void)ctx;
+    (void)d;
+    return 50; /* below native vendor paths (cublaslt), above host backends */
+}
+
+/* ---- bench --------------------------------------------------------------------------- */
+
+enum { BENCH_MAX_COPIES = 64 };
+
+typedef struct cuda_bench_state {
+    cuda_ctx        *c;
+    gemm_path        path;
+    int              copies;
+    dev_gemm         g[BENCH_MAX_COPIES];
+    fp4d_skinny_args args[BENCH_MAX_COPIES];
+    fp4d_devbuf      params[BENCH_MAX_COPIES];
+} cuda_bench_state;
+
+static fp4d_status bench_call(void *state, int copy)
+{
+    cuda_bench_state *s = state;
+    if (s->path == PATH_SKINNY) return launch_skinny(s->c, &s->args[copy]);
+    return run_dense(s->c, &s->g[copy], s->path);
+}
+
+typedef struct quant_bench_state {
+    cuda_ctx  *c;
+    fp4d_dtype src_type;
+    int64_t    rows, cols;
+    int        layout;
+} quant_bench_state;
+
+static fp4d_status quant_call(void *state, int copy)
+{
+    (void)copy;
+    quant_bench_state *s = state;
+    FP4D_CUDA_TRY(fp4d_cuda_quantize_nvfp4(s->src_type, s->c->a.ptr, s->rows, s->cols, 1.0f, s->layout, s->c->b.ptr,
+                                           s->c->b_sc.ptr, s->c->stream),
+                  "cuda: quantize");
+    return FP4D_STATUS_OK;
+}
+
+/* The quantize kernel with a given (static) encode scale; the source is larger than L2
+ * for the sizes `fp4doctor bench` uses, so no rotation. */
+fp4d_status fp4d_cuda_bench_quantize(int device, fp4d_dtype src_type, int64_t rows, int64_t cols,
+                                     fp4d_scale_layout layout, int repeats, fp4d_bench_result *out)
+{
+    void *ctx = NULL;
+    fp4d_reason why;
+    FP4D_FORWARD_IF_ERROR(cuda_init(NULL, device, &ctx, &why));
+    cuda_ctx *c = ctx;
+    quant_bench_state s = {c, src_type, rows, cols, layout};
+    fp4d_status st = fp4d_cuda_make_bench_plain(src_type, rows, cols, 7, &c->a, c->stream);
+    if (st == FP4D_STATUS_OK) st = fp4d_devbuf_reserve(&c->b, (size_t)(rows * cols / 2), false);
+    if (st == FP4D_STATUS_OK)
+        st = fp4d_devbuf_reserve(&c->b_sc, fp4d_scale_buffer_size(layout, rows, cols / 16), false);
+    if (st == FP4D_STATUS_OK) st = fp4d_cuda_time(c->stream, quant_call, &s, 1, repeats, out);
+    cuda_free(c);
+    return st;
+}
+
+typedef struct copy_bench_state {
+    void        *src, *dst;
+    size_t       bytes;
+    cudaStream_t stream;
+} copy_bench_state;
+
+static fp4d_status copy_call(void *state, int copy)
+{
+    (void)copy;
+    copy_bench_state *s = state;
+    FP4D_CUDA_TRY(cudaMemcpyAsync(s->dst, s->src, s->bytes, cudaMemcpyDeviceToDevice, s->stream), "cuda: copy");
+    return FP4D_STATUS_OK;
+}
+
+fp4d_status fp4d_cuda_bench_copy(int device, size_t bytes, int repeats, fp4d_bench_result *out)
+{
+    void *ctx = NULL;
+    fp4d_reason why;
+    FP4D_FORWARD_IF_ERROR(cuda_init(NULL, device, &ctx, &why));
+    cuda_ctx *c = ctx;
+    fp4d_status st = fp4d_devbuf_reserve(&c->a, bytes, true);
+    if (st == FP4D_STATUS_OK) st = fp4d_devbuf_reserve(&c->b, bytes, false);
+    copy_bench_state s = {c->a.ptr, c->b.ptr, bytes, c->stream};
+    if (st == FP4D_STATUS_OK) st = fp4d_cuda_time(c->stream, copy_call, &s, 1, repeats, out);
+    cuda_free(c);
+    return st;
+}
+
+static fp4d_status cuda_bench(void *ctx, const fp4d_gemm_desc *d, int repeats, fp4d_bench_result *out)
+{
+    cuda_ctx *c = ctx;
+    FP4D_CUDA_TRY(cudaSetDevice(c->device), "cuda: cudaSetDevice");
+    cuda_bench_state *s = calloc(1, sizeof *s);
+    FP4D_RETURN_ERROR_IF(!s, NOMEM, "cuda: out of memory");
+    const bool grouped = d->num_experts > 0;
+    const int32_t E = grouped ? d->num_experts : 1;
+    const int top_k = grouped && d->m % 8 == 0 ? 8 : 1;
+    const fp4d_dtype_traits *bt = fp4d_dtype_get(d->b_type);
+    const size_t cb = align_up((size_t)(d->n * d->k / 2), 256);
+    const size_t sb = align_up(fp4d_scale_buffer_size(d->b_layout, d->n, d->k / bt->block_size), 256);
+    /* plain: rotate whole weight copies; grouped: all experts once, and rotate which
+     * experts the routing picks */
+    const int copies = grouped ? 16 : fp4d_cuda_rotation_copies(cb + sb, c->l2_bytes);
+    const int weight_sets = grouped ? E : (copies < BENCH_MAX_COPIES ? copies : BENCH_MAX_COPIES);
+    s->c = c;
+    s->copies = copies < BENCH_MAX_COPIES ? copies : BENCH_MAX_COPIES;
+
+    fp4d_devbuf wcodes = {0}, wscales = {0}, outb = {0};
+    const uint8_t **ptrs = calloc((size_t)weight_sets * 2, sizeof *ptrs);
+    int64_t *offsets = calloc((size_t)s->copies * (size_t)(E + 1), sizeof *offsets);
+    float *alphas = calloc((size_t)E, sizeof *alphas);
+    fp4d_status st = ptrs && offsets && alphas ? FP4D_STATUS_OK : fp4d_set_error(FP4D_STATUS_NOMEM, "cuda: out of memory");
+    for (int32_t e = 0; e < E && alphas; e++) alphas[e] = 1.0f;
+    if (st == FP4D_STATUS_OK) st = fp4d_devbuf_reserve(&wcodes, cb * (size_t)weight_sets, false);
+    if (st == FP4D_STATUS_OK) st = fp4d_devbuf_reserve(&wscales, sb * (size_t)weight_sets, false);
+    if (st == FP4D_STATUS_OK) {
+        int e1 = fp4d_cuda_fill_random_fp4(wcodes.ptr, cb * (size_t)weight_sets, 12345, c->stream);
+        int e2 = (int)cudaMemsetAsync(wscales.ptr, d->b_type == FP4D_DTYPE_NVFP4 ? 0x38 : 127, sb * (size_t)weight_sets,
+                                      c->stream);
+        if (e1 || e2) st = fp4d_cuda_status(e1 ? e1 : e2, "cuda: bench weights");
+        for (int w = 0; w < weight_sets; w++) {
+            ptrs[w] = (const uint8_t *)wcodes.ptr + (size_t)w * cb;
+            ptrs[weight_sets + w] = (const uint8_t *)wscales.ptr + (size_t)w * sb;
+        }
+    }
+    if (st == FP4D_STATUS_OK) {
+        if (is_fp4(d->a_type)) st = fp4d_cuda_make_bench_fp4(d->a_type, d->m, d->k, d->a_layout, 99, &c->a, &c->a_sc, c->stream);
+        else st = fp4d_cuda_make_bench_plain(d->a_type, d->m, d->k, 99, &c->a, c->stream);
+    }
+    if (st == FP4D_STATUS_OK) st = fp4d_devbuf_reserve(&outb, (size_t)(d->m * d->n) * fp4d_out_elem_size(d->out_type), false);
+    int64_t max_rows = 0;
+    for (int i = 0; st == FP4D_STATUS_OK && i < s->copies; i++) {
+        int64_t *off = offsets + (size_t)i * (size_t)(E + 1);
+        if (grouped) fp4d_cuda_bench_routing(d->m / top_k, top_k, E, i, off);
+        dev_gemm *g = &s->g[i];
+        *g = (dev_gemm){
+            .a_type = d->a_type, .a = c->a.ptr, .a_scales = c->a_sc.ptr, .a_layout = d->a_layout, .a_rows = d->m,
+            .b_format = d->b_type, .b_layout = d->b_layout, .num_experts = E,
+            .b_codes = grouped ? ptrs : ptrs + i, .b_scales = grouped ? ptrs + weight_sets : ptrs + weight_sets + i,
+            .alpha = alphas, .offsets = grouped ? off : NULL, .n = d->n, .k = d->k, .out_type = d->out_type,
+            .out = outb.ptr,
+        };
+        const int64_t mr = max_rows_per_expert(g);
+        if (mr > max_rows) max_rows = mr;
+    }
+    if (st == FP4D_STATUS_OK) {
+        s->path = choose_path(c, d->a_type, d->b_type, d->k, max_rows);
+        for (int i = 0; st == FP4D_STATUS_OK && s->path == PATH_SKINNY && i < s->copies; i++)
+            st = plan_skinny(c, &s->g[i], &s->params[i], &s->args[i]);
+    }
+    if (st == FP4D_STATUS_OK) st = fp4d_cuda_time(c->stream, bench_call, s, s->copies, repeats, out);
+    cudaStreamSynchronize(c->stream);
+    for (int i = 0; i < BENCH_MAX_COPIES; i++) fp4d_devbuf_free(&s->params[i]);
+    fp4d_devbuf_free(&wcodes);
+    fp4d_devbuf_free(&wscales);
+    fp4d_devbuf_free(&outb);
+    free(ptrs);
+    free(offsets);
+    free(alphas);
+    free(s);
+    return st;
+}
+
+static const fp4d_backend_iface cuda_iface = {
+    .api_version = FP4D_BACKEND_API_VERSION,
+    .struct_size = sizeof(fp4d_backend_iface),
+    .name = "cuda",
+    .description = "fp4doctor's own CUDA kernels: streamed FP4 weights + mma.sync (sm_80+)",
+    .kind = FP4D_BACKEND_KIND_GPU,
+    .caps = FP4D_CAP_GEMM | FP4D_CAP_GROUPED_GEMM | FP4D_CAP_QUANTIZE | FP4D_CAP_DEVICE_TIMING | FP4D_CAP_NEEDS_DEVICE,
+    .user_data = NULL,
+    .init = cuda_init,
+    .free = cuda_free,
+    .supports = cuda_supports,
+    .gemm = cuda_gemm,
+    .grouped_gemm = cuda_grouped_gemm,
+    .quantize = cuda_quantize,
+    .score = cuda_score,
+    .bench = cuda_bench,
+};
+
+const fp4d_backend_iface *fp4d_cuda_own_backend_iface(void) { return &cuda_iface; }

@@ -1,0 +1,120 @@
+/*
+ * gpu_info.c - what this machine's GPUs are and whether this build carries code for
+ * them (gpu_info.h). Never crashes without a GPU or driver: the CUDA runtime's error
+ * becomes device_count 0 and a reason.
+ */
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <cublasLt.h>
+#include <cuda_runtime_api.h>
+
+#include "backend/gpu_info.h"
+#include "cuda_internal.h"
+
+#ifdef FP4D_USE_CUDNN
+/* cuDNN is loaded at run time (backend_cudnn.c); 0 when it cannot be loaded. */
+int fp4d_cudnn_runtime_version(void);
+#else
+static int fp4d_cudnn_runtime_version(void) { return 0; }
+#endif
+
+static fp4d_cuda_info cached;
+static pthread_once_t cached_once = PTHREAD_ONCE_INIT;
+
+/* "80-real,90a-real,120a-virtual" -> "sm_80,sm_90a,compute_120a" */
+static void describe_archs(const char *cmake_list, char *out, size_t cap)
+{
+    out[0] = '\0';
+    char buf[256];
+    snprintf(buf, sizeof buf, "%s", cmake_list);
+    size_t used = 0;
+    for (char *save = NULL, *tok = strtok_r(buf, ",;", &save); tok; tok = strtok_r(NULL, ",;", &save)) {
+        char arch[32];
+        snprintf(arch, sizeof arch, "%s", tok);
+        char *dash = strchr(arch, '-');
+        const char *prefix = "sm_";
+        if (dash) {
+            if (!strcmp(dash + 1, "virtual")) prefix = "compute_";
+            *dash = '\0';
+        }
+        int w = snprintf(out + used, cap - used, "%s%s%s", used ? "," : "", prefix, arch);
+        if (w < 0 || (size_t)w >= cap - used) break;
+        used += (size_t)w;
+    }
+}
+
+/* SASS runs natively on the GPU it was built for and, for plain (not "a"-suffixed)
+ * targets, on later minor versions of the same major (sm_80 code on an sm_86 GPU). */
+static bool has_sass_for(const char *archs, int major, int minor)
+{
+    char buf[128];
+    snprintf(buf, sizeof buf, "%.127s", archs);
+    for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        if (strncmp(tok, "sm_", 3) != 0) continue;
+        int v = 0, n = 0;
+        if (sscanf(tok + 3, "%d%n", &v, &n) != 1) continue;
+        const bool arch_specific = tok[3 + n] != '\0';
+        if (v == major * 10 + minor) return true;
+        if (!arch_specific && v / 10 == major && v % 10 <= minor) return true;
+    }
+    return false;
+}
+
+static void query_once(void)
+{
+    fp4d_cuda_info *out = &cached;
+    memset(out, 0, sizeof *out);
+    out->built_with_cuda = true;
+    describe_archs(FP4D_CUDA_ARCHS_BUILT, out->built_archs, sizeof out->built_archs);
+    cudaDriverGetVersion(&out->driver_version);
+    cudaRuntimeGetVersion(&out->runtime_version);
+    out->cublaslt_version = (int)cublasLtGetVersion();
+    out->cudnn_version = fp4d_cudnn_runtime_version();
+
+    int count = 0;
+    cudaError_t e = cudaGetDeviceCount(&count);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        snprintf(out->error, sizeof out->error, "%s (%s)",
+                 out->driver_version == 0 ? "no CUDA driver found" : cudaGetErrorString(e), cudaGetErrorName(e));
+        return;
+    }
+    if (count == 0) {
+        snprintf(out->error, sizeof out->error, "no CUDA GPU found");
+        return;
+    }
+    out->device_count = count > FP4D_MAX_GPUS ? FP4D_MAX_GPUS : count;
+    for (int d = 0; d < out->device_count; d++) {
+        fp4d_gpu_info *g = &out->gpus[d];
+        struct cudaDeviceProp p;
+        g->index = d;
+        if (cudaGetDeviceProperties(&p, d) != cudaSuccess) {
+            (void)cudaGetLastError();
+            snprintf(g->name, sizeof g->name, "unknown (cudaGetDeviceProperties failed)");
+            continue;
+        }
+        snprintf(g->name, sizeof g->name, "%.127s", p.name);
+        g->cc_major = p.major;
+        g->cc_minor = p.minor;
+        g->total_mem_bytes = p.totalGlobalMem;
+        g->sm_count = p.multiProcessorCount;
+        g->l2_bytes = (size_t)p.l2CacheSize;
+        if (cudaDeviceGetPCIBusId(g->pci_bus_id, (int)sizeof g->pci_bus_id, d) != cudaSuccess) {
+            (void)cudaGetLastError();
+            g->pci_bus_id[0] = '\0';
+        }
+        /* Native code = the kernel image the runtime picks is SASS for this exact
+         * architecture, not PTX compiled by the driver at load time. */
+        int bin = 0, ptx = 0;
+        g->has_native_code = fp4d_cuda_kernel_binary_version(d, &bin, &ptx) == 0 &&
+                             has_sass_for(out->built_archs, p.major, p.minor);
+    }
+}
+
+void fp4d_cuda_query(fp4d_cuda_info *out)
+{
+    pthread_once(&cached_once, query_once);
+    *out = cached;
+}

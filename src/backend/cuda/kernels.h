@@ -1,0 +1,117 @@
+/*
+ * kernels.h - C entry points of the CUDA kernels in kernels.cu (internal).
+ *
+ * Every pointer here is a DEVICE pointer unless its name says host_. Launchers enqueue
+ * work on `stream` and return a cudaError_t as int (0 = success) so that this header
+ * needs no CUDA include; the host glue turns errors into fp4d_status with a message.
+ *
+ * Conventions shared with the host glue:
+ *  - An FP4 operand is packed e2m1 codes [rows, cols/2] (low nibble = even element) plus
+ *    block scales [rows, cols/block] in one of the fp4d_scale_layout layouts; block scales
+ *    decode exactly as the library's codecs do (ue4m3: a byte with bit 7 set or 0x7F is
+ *    NaN; ue8m0: 0xFF is NaN, 0 is 2^-127).
+ *  - "Plain" element types are fp4d_dtype values F32, BF16, F16.
+ */
+#ifndef FP4D_CUDA_KERNELS_H
+#define FP4D_CUDA_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "fp4doctor/formats.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct fp4d_dev_fp4 {
+    const uint8_t *codes;
+    const uint8_t *scales;
+    int64_t        rows, cols;
+    int32_t        format;  /* FP4D_DTYPE_NVFP4 or FP4D_DTYPE_MXFP4 */
+    int32_t        layout;  /* fp4d_scale_layout */
+} fp4d_dev_fp4;
+
+/* Dequantizes src into a dense row-major [rows, cols] matrix of dst_type (F32, BF16 or
+ * F16). e2m1 x block scale is computed exactly in f32 and then rounded to dst_type, which
+ * is exact for NVFP4 in all three types and for MXFP4 in f32/bf16. */
+int fp4d_cuda_dequantize(const fp4d_dev_fp4 *src, int dst_type, void *dst, void *stream);
+
+/* Element-wise conversion between plain types (RNE when narrowing). */
+int fp4d_cuda_convert(int src_type, const void *src, int dst_type, void *dst, size_t count, void *stream);
+
+/* out[i] = RN_out_type(alpha * src[i]) for an f32 source. */
+int fp4d_cuda_scale_convert(const float *src, float alpha, int dst_type, void *dst, size_t count, void *stream);
+
+/* Fills count bytes of device memory with a byte pattern (used by tests and bench). */
+int fp4d_cuda_fill_random_fp4(uint8_t *codes, size_t bytes, uint32_t seed, void *stream);
+
+/* ---- tensor-core GEMM on dense operands (large M) ----------------------------------
+ * out[m, n] = alpha * sum_k A[m, k] * B[n, k], A [M, K] and B [N, K] both row-major of
+ * op_type (BF16 or F16), f32 accumulation, output F32/BF16/F16. K must be a multiple of 8
+ * and the pointers 16-byte aligned. */
+int fp4d_cuda_tiled_gemm(int op_type, const void *a, const void *b, int64_t m, int64_t n, int64_t k,
+                         float alpha, int out_type, void *out, void *stream);
+
+/* ---- CUDA-core f32 GEMM (fallback for f32 activations and odd shapes) ---------------- */
+int fp4d_cuda_simt_gemm(const float *a, const float *b, int64_t m, int64_t n, int64_t k,
+                        float alpha, int out_type, void *out, void *stream);
+
+/* ---- fused skinny GEMM: streams packed FP4 weights, tensor cores on up to 32 rows -------
+ * One work item = up to 32 consecutive rows of A/out that share one weight matrix (one
+ * expert). A plain GEMM is items over M; a grouped MoE GEMM is items over each expert's
+ * rows. Requires K % 32 == 0. */
+typedef struct fp4d_skinny_item {
+    int32_t row0;    /* first row of A and out */
+    int32_t rows;    /* 1..32 */
+    int32_t expert;  /* index into the weight/alpha tables */
+    int32_t pad_;
+} fp4d_skinny_item;
+
+typedef struct fp4d_skinny_args {
+    /* activations: plain [rows_total, K] of a_type, or FP4 codes+scales */
+    int32_t        a_type;        /* BF16, F16, NVFP4, MXFP4 */
+    const void    *a;
+    const uint8_t *a_scales;
+    int32_t        a_layout;
+    int64_t        a_rows_total;
+    /* weights: one [N, K] FP4 matrix per expert */
+    int32_t               b_format;   /* NVFP4 or MXFP4 */
+    int32_t               b_layout;
+    const uint8_t *const *b_codes;    /* device array of num_experts device pointers */
+    const uint8_t *const *b_scales;
+    const float          *alpha;      /* device array, one per expert */
+    int64_t               n, k;
+    const fp4d_skinny_item *items;    /* device array */
+    int32_t                 num_items;
+    int32_t                 max_rows; /* max rows of any item: 16 or 32 picks the kernel */
+    int32_t                 out_type;
+    void                   *out;      /* [rows_total, N] */
+    /* split-K scratch: splits > 1 needs partials and counters from fp4d_cuda_skinny_scratch */
+    int32_t  splits;
+    float   *partials;
+    uint32_t *counters;               /* zeroed once; the kernel leaves them zero */
+} fp4d_skinny_args;
+
+/* Scratch sizes for a launch (partials in bytes, counters in uint32 elements). */
+void fp4d_cuda_skinny_scratch(int64_t n, int32_t num_items, int32_t splits, int32_t max_rows,
+                              size_t *partial_bytes, size_t *counter_count);
+/* Picks a split-K factor that fills the GPU (sm_count multiprocessors). */
+int32_t fp4d_cuda_skinny_pick_splits(int64_t n, int64_t k, int32_t num_items, int sm_count);
+int fp4d_cuda_skinny_gemm(const fp4d_skinny_args *args, void *stream);
+
+/* ---- quantize (flashinfer-exact NVFP4, spec §4.2) ----------------------------------
+ * amax: the tensor's max |x| ignoring NaN (fp4d_cuda_amax). encode_scale is gs. */
+int fp4d_cuda_amax(int src_type, const void *src, size_t count, float *dev_amax, void *stream);
+int fp4d_cuda_quantize_nvfp4(int src_type, const void *src, int64_t rows, int64_t cols, float encode_scale,
+                             int layout, uint8_t *codes, uint8_t *scales, void *stream);
+
+/* Which architecture the kernels were compiled for on this device (cudaFuncAttributes):
+ * binary_version is e.g. 90 when sm_90a SASS runs; returns the CUDA error otherwise
+ * (cudaErrorNoKernelImageForDevice when no code matches). */
+int fp4d_cuda_kernel_binary_version(int device, int *binary_version, int *ptx_version);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

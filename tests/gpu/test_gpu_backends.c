@@ -1,0 +1,436 @@
+/*
+ * GPU backends against the exact reference: `cuda` (own kernels, every path: skinny,
+ * tiled, simt, grouped, quantize), `cublas-bf16`, and `cublaslt` / `cudnn` where their
+ * libraries say they run. Fresh random operands every case, NaN-poisoned outputs (an
+ * element left unwritten shows up as NaN), all activation types, scale layouts, output
+ * types and odd M/N/K. Every test skips itself on a machine without a usable GPU.
+ *
+ * Tolerance: the backends accumulate in f32 (tensor cores or FMA), so an element may
+ * differ from the exactly rounded reference by the f32 accumulation bound
+ * K * 2^-23 * sum_k |a_k b_k| * |alpha|, plus one unit in the last place of the output
+ * type (the f32 result is rounded once more).
+ */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "fp4doctor/backend.h"
+#include "fp4doctor/formats.h"
+#include "fp4doctor/gemm.h"
+#include "fp4doctor/ref.h"
+
+/* ---- random operands ------------------------------------------------------------------ */
+
+static uint64_t rng_state = 0x243F6A8885A308D3ull;
+static uint32_t rnd(void)
+{
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return (uint32_t)(rng_state >> 11);
+}
+static float rnd_unit(void) { return (float)(rnd() % 2000001u) / 1000000.0f - 1.0f; } /* [-1, 1] */
+
+typedef struct operand {
+    fp4d_matrix m;
+    void       *data;
+    uint8_t    *scales;
+} operand;
+
+/* Random FP4 codes with moderate, valid block scales. */
+static void make_fp4(operand *o, fp4d_dtype t, fp4d_scale_layout layout, int64_t rows, int64_t cols)
+{
+    const fp4d_dtype_traits *tr = fp4d_dtype_get(t);
+    const int64_t sc = cols / tr->block_size;
+    o->data = malloc((size_t)(rows * cols / 2) + 1);
+    const size_t sb = fp4d_scale_buffer_size(layout, rows, sc);
+    o->scales = calloc(sb + 1, 1);
+    assert_non_null(o->data);
+    assert_non_null(o->scales);
+    for (int64_t i = 0; i < rows * cols / 2; i++) ((uint8_t *)o->data)[i] = (uint8_t)rnd();
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = 0; c < sc; c++) {
+            /* NVFP4: e4m3 bytes 0x01..0x57 (subnormal 2^-9 up to 16); MXFP4: 2^-6 .. 2^5 */
+            const uint8_t b = t == FP4D_DTYPE_NVFP4 ? (uint8_t)(1 + rnd() % 0x57) : (uint8_t)(121 + rnd() % 12);
+            o->scales[fp4d_scale_offset(layout, rows, sc, r, c)] = b;
+        }
+    o->m = (fp4d_matrix){t, rows, cols, o->data, o->scales, layout};
+}
+
+static void make_plain(operand *o, fp4d_dtype t, int64_t rows, int64_t cols)
+{
+    const size_t n = (size_t)(rows * cols);
+    float *f = malloc(n * sizeof *f);
+    assert_non_null(f);
+    for (size_t i = 0; i < n; i++) f[i] = rnd_unit() * 3.0f;
+    o->data = malloc(n * 4);
+    assert_non_null(o->data);
+    fp4d_from_f32(t, f, n, o->data);
+    free(f);
+    o->scales = NULL;
+    o->m = (fp4d_matrix){t, rows, cols, o->data, NULL, FP4D_LAYOUT_LINEAR};
+}
+
+static void make_operand(operand *o, fp4d_dtype t, fp4d_scale_layout layout, int64_t rows, int64_t cols)
+{
+    if (t == FP4D_DTYPE_NVFP4 || t == FP4D_DTYPE_MXFP4) make_fp4(o, t, layout, rows, cols);
+    else make_plain(o, t, rows, cols);
+}
+
+static void free_operand(operand *o)
+{
+    free(o->data);
+    free(o->scales);
+}
+
+/* Dequantized f32 copy of an operand (for the error bound). */
+static float *to_f32(const fp4d_matrix *m)
+{
+    float *f = malloc((size_t)(m->rows * m->cols) * sizeof *f + 4);
+    assert_non_null(f);
+    if (m->dtype == FP4D_DTYPE_NVFP4 || m->dtype == FP4D_DTYPE_MXFP4)
+        assert_int_equal(fp4d_dequantize(m->dtype, m->scale_layout, m->data, m->scales, 1.0f, m->rows, m->cols, f),
+                         FP4D_STATUS_OK);
+    else
+        fp4d_to_f32(m->dtype, m->data, (size_t)(m->rows * m->cols), f);
+    return f;
+}
+
+static float out_value(fp4d_dtype t, const void *out, size_t i)
+{
+    float v;
+    fp4d_to_f32(t, (const uint8_t *)out + i * fp4d_out_elem_size(t), 1, &v);
+    return v;
+}
+
+static void poison(fp4d_dtype t, void *out, size_t count)
+{
+    /* quiet NaN in every output type: 0xFFFF is NaN in bf16 and f16, 0xFFFFFFFF in f32 */
+    memset(out, 0xFF, count * fp4d_out_elem_size(t));
+}
+
+/* Compares got with the exact reference; returns the number of bad elements. */
+static int compare(const char *label, const fp4d_gemm_problem *p, const void *got, const void *ref,
+                   const float *af, const float *bf, int64_t row_base)
+{
+    const int64_t M = p->a.rows, N = p->b.rows, K = p->a.cols;
+    const double ulp = p->out_type == FP4D_DTYPE_F32 ? 0x1p-23 : p->out_type == FP4D_DTYPE_BF16 ? 0x1p-7 : 0x1p-10;
+    int bad = 0;
+    for (int64_t m = 0; m < M; m++)
+        for (int64_t n = 0; n < N; n++) {
+            const size_t i = (size_t)(m * N + n);
+            const float g = out_value(p->out_type, got, i), r = out_value(p->out_type, ref, i);
+            double mag = 0.0;
+            for (int64_t k = 0; k < K; k++) mag += fabs((double)af[(row_base + m) * K + k] * (double)bf[n * K + k]);
+            const double tol = (double)K * 0x1p-23 * mag * fabs((double)p->alpha) + 2.0 * ulp * fabs((double)r) + 1e-30;
+            /* an overflow to +-inf in the output type must match exactly */
+            const bool ok = isnan(r) ? isnan(g) : isinf(r) ? g == r : (!isnan(g) && fabs((double)g - (double)r) <= tol);
+            if (!ok && bad++ < 5)
+                fprintf(stderr, "  %s: out[%lld,%lld] = %.9g, reference %.9g (tolerance %.3g)\n", label, (long long)m,
+                        (long long)n, (double)g, (double)r, tol);
+        }
+    return bad;
+}
+
+/* ---- fixtures -------------------------------------------------------------------------- */
+
+static fp4d_backend_t open_or_skip(const char *name)
+{
+    fp4d_backend_t b = NULL;
+    fp4d_reason why;
+    fp4d_status st = fp4d_backend_open(name, 0, &b, &why);
+    if (st != FP4D_STATUS_OK) {
+        fprintf(stderr, "  %s unavailable: %s\n", name, why.text);
+        return NULL;
+    }
+    return b;
+}
+
+/* One GEMM case on backend b; returns bad element count (0 = pass). -1 = unsupported. */
+static int run_case(fp4d_backend_t b, fp4d_dtype at, fp4d_dtype bt, fp4d_scale_layout al, fp4d_scale_layout bl,
+                    fp4d_dtype ot, int64_t M, int64_t N, int64_t K)
+{
+    operand A, B;
+    make_operand(&A, at, al, M, K);
+    make_operand(&B, bt, bl, N, K);
+    const size_t count = (size_t)(M * N);
+    void *got = malloc(count * 4), *ref = malloc(count * 4);
+    assert_non_null(got);
+    assert_non_null(ref);
+    fp4d_gemm_problem p = {A.m, B.m, 0.75f, ot, got};
+    poison(ot, got, count);
+    fp4d_reason why = {{0}};
+    fp4d_status st = fp4d_backend_gemm(b, &p, &why);
+    int bad;
+    char label[160];
+    snprintf(label, sizeof label, "%s x %s %s/%s -> %s M=%lld N=%lld K=%lld", fp4d_dtype_get(at)->name,
+             fp4d_dtype_get(bt)->name, fp4d_scale_layout_name(al), fp4d_scale_layout_name(bl), fp4d_dtype_get(ot)->name,
+             (long long)M, (long long)N, (long long)K);
+    if (st == FP4D_STATUS_UNSUPPORTED) {
+        bad = -1;
+    } else {
+        if (st != FP4D_STATUS_OK) fprintf(stderr, "  %s: %s (%s)\n", label, fp4d_status_name(st), fp4d_last_error());
+        assert_int_equal(st, FP4D_STATUS_OK);
+        p.out = ref;
+        assert_int_equal(fp4d_ref_gemm(&p), FP4D_STATUS_OK);
+        p.out = got;
+        float *af = to_f32(&A.m), *bf = to_f32(&B.m);
+        bad = compare(label, &p, got, ref, af, bf, 0);
+        free(af);
+        free(bf);
+    }
+    free(got);
+    free(ref);
+    free_operand(&A);
+    free_operand(&B);
+    return bad;
+}
+
+static const fp4d_dtype a_types[] = {FP4D_DTYPE_BF16, FP4D_DTYPE_F16, FP4D_DTYPE_F32, FP4D_DTYPE_NVFP4, FP4D_DTYPE_MXFP4};
+static const fp4d_dtype b_types[] = {FP4D_DTYPE_NVFP4, FP4D_DTYPE_MXFP4};
+static const fp4d_dtype out_types[] = {FP4D_DTYPE_F32, FP4D_DTYPE_BF16, FP4D_DTYPE_F16};
+static const fp4d_scale_layout layouts[] = {FP4D_LAYOUT_LINEAR, FP4D_LAYOUT_SWIZZLED_128X4, FP4D_LAYOUT_SWIZZLED_8X4};
+
+/* Every type/layout/output combination on shapes that exercise each path. */
+static void sweep(fp4d_backend_t b, const char *name, bool large)
+{
+    /* (M, N, K): skinny with 1..16 rows and 17..32-row pieces, split-K, odd N tails, K not a
+     * multiple of 32 (dense paths), and large M (tiled path) */
+    static const int64_t shapes[][3] = {
+        {1, 40, 64}, {3, 129, 256}, {16, 8, 96}, {17, 33, 160}, {45, 70, 32}, {7, 64, 2048}, {300, 72, 128},
+        {5, 24, 48},
+    };
+    /* FP4D_GPU_TEST_QUICK=1 (used under compute-sanitizer): one output type per pair */
+    const bool quick = getenv("FP4D_GPU_TEST_QUICK") != NULL;
+    int failures = 0, cases = 0;
+    for (size_t ai = 0; ai < sizeof a_types / sizeof a_types[0]; ai++)
+        for (size_t bi = 0; bi < 2; bi++)
+            for (size_t oi = 0; oi < 3; oi++)
+                for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+                    if (quick && (oi != (ai + bi) % 3 || shapes[si][0] > 64)) continue;
+                    const fp4d_dtype at = a_types[ai], bt = b_types[bi];
+                    const int64_t blk = (at == FP4D_DTYPE_MXFP4 || bt == FP4D_DTYPE_MXFP4) ? 32 : 16;
+                    if (shapes[si][2] % blk) continue;
+                    if (!large && shapes[si][0] > 64) continue;
+                    const fp4d_scale_layout al = layouts[(ai + si) % 3], bl = layouts[(bi + oi + si) % 3];
+                    int bad = run_case(b, at, bt, al, bl, out_types[oi], shapes[si][0], shapes[si][1], shapes[si][2]);
+                    if (bad < 0) continue;
+                    cases++;
+                    if (bad) failures++;
+                }
+    fprintf(stderr, "  %s: %d cases, %d failed\n", name, cases, failures);
+    assert_true(cases > 0);
+    assert_int_equal(failures, 0);
+}
+
+static void test_cuda_gemm_sweep(void **state)
+{
+    (void)state;
+    fp4d_backend_t b = open_or_skip("cuda");
+    if (!b) skip();
+    sweep(b, "cuda", true);
+    fp4d_backend_close(b);
+}
+
+static void test_cublas_bf16_gemm_sweep(void **state)
+{
+    (void)state;
+    fp4d_backend_t b = open_or_skip("cublas-bf16");
+    if (!b) skip();
+    sweep(b, "cublas-bf16", true);
+    fp4d_backend_close(b);
+}
+
+/* A decode-sized shape through the skinny path's split-K reduction, twice: the second run
+ * must be bit-identical (split-K sums in a fixed order). */
+static void test_cuda_deterministic_split_k(void **state)
+{
+    (void)state;
+    fp4d_backend_t b = open_or_skip("cuda");
+    if (!b) skip();
+    operand A, B;
+    make_operand(&A, FP4D_DTYPE_BF16, FP4D_LAYOUT_LINEAR, 4, 4096);
+    make_operand(&B, FP4D_DTYPE_NVFP4, FP4D_LAYOUT_SWIZZLED_128X4, 256, 4096);
+    float *o1 = malloc(4 * 256 * 4), *o2 = malloc(4 * 256 * 4), *ref = malloc(4 * 256 * 4);
+    fp4d_gemm_problem p = {A.m, B.m, 1.0f, FP4D_DTYPE_F32, o1};
+    fp4d_reason why;
+    poison(FP4D_DTYPE_F32, o1, 1024);
+    assert_int_equal(fp4d_backend_gemm(b, &p, &why), FP4D_STATUS_OK);
+    p.out = o2;
+    poison(FP4D_DTYPE_F32, o2, 1024);
+    assert_int_equal(fp4d_backend_gemm(b, &p, &why), FP4D_STATUS_OK);
+    assert_memory_equal(o1, o2, 4 * 256 * 4);
+    p.out = ref;
+    assert_int_equal(fp4d_ref_gemm(&p), FP4D_STATUS_OK);
+    float *af = to_f32(&A.m), *bf = to_f32(&B.m);
+    p.out = o1;
+    assert_int_equal(compare("split-K", &p, o1, ref, af, bf, 0), 0);
+    free(af);
+    free(bf);
+    free(o1);
+    free(o2);
+    free(ref);
+    free_operand(&A);
+    free_operand(&B);
+    fp4d_backend_close(b);
+}
+
+/* Grouped MoE GEMM: experts with 0, 1, 16, 17 and 40 rows. */
+static void grouped_case(fp4d_backend_t b, fp4d_dtype at, fp4d_dtype bt, fp4d_scale_layout al, fp4d_dtype ot, int64_t K)
+{
+    enum { E = 6 };
+    const int64_t rows[E] = {3, 0, 16, 1, 40, 17};
+    int64_t off[E + 1] = {0};
+    for (int e = 0; e < E; e++) off[e + 1] = off[e] + rows[e];
+    const int64_t M = off[E], N = 72;
+    operand A, B[E];
+    fp4d_matrix bm[E];
+    float alpha[E];
+    make_operand(&A, at, al, M, K);
+    for (int e = 0; e < E; e++) {
+        make_fp4(&B[e], bt, FP4D_LAYOUT_SWIZZLED_128X4, N, K);
+        bm[e] = B[e].m;
+        alpha[e] = 0.5f + 0.25f * (float)e;
+    }
+    float *got = malloc((size_t)(M * N) * 4), *ref = malloc((size_t)(M * N) * 4);
+    fp4d_grouped_gemm_problem p = {E, off, A.m, bm, alpha, ot, got};
+    poison(ot, got, (size_t)(M * N));
+    fp4d_reason why = {{0}};
+    fp4d_status st = fp4d_backend_grouped_gemm(b, &p, &why);
+    if (st != FP4D_STATUS_OK) fprintf(stderr, "  grouped: %s %s (%s)\n", fp4d_status_name(st), why.text, fp4d_last_error());
+    assert_int_equal(st, FP4D_STATUS_OK);
+    p.out = ref;
+    assert_int_equal(fp4d_ref_grouped_gemm(&p), FP4D_STATUS_OK);
+    float *af = to_f32(&A.m);
+    int bad = 0;
+    for (int e = 0; e < E; e++) {
+        if (!rows[e]) continue;
+        float *bf = to_f32(&bm[e]);
+        const size_t osz = fp4d_out_elem_size(ot);
+        fp4d_gemm_problem sub = {{at, rows[e], K, NULL, NULL, al}, bm[e], alpha[e], ot, NULL};
+        bad += compare("grouped", &sub, (uint8_t *)got + (size_t)(off[e] * N) * osz,
+                       (uint8_t *)ref + (size_t)(off[e] * N) * osz, af, bf, off[e]);
+        free(bf);
+    }
+    assert_int_equal(bad, 0);
+    free(af);
+    free(got);
+    free(ref);
+    free_operand(&A);
+    for (int e = 0; e < E; e++) free_operand(&B[e]);
+}
+
+static void test_grouped(void **state, const char *name)
+{
+    (void)state;
+    fp4d_backend_t b = open_or_skip(name);
+    if (!b) skip();
+    grouped_case(b, FP4D_DTYPE_BF16, FP4D_DTYPE_NVFP4, FP4D_LAYOUT_LINEAR, FP4D_DTYPE_BF16, 256);
+    grouped_case(b, FP4D_DTYPE_NVFP4, FP4D_DTYPE_NVFP4, FP4D_LAYOUT_SWIZZLED_128X4, FP4D_DTYPE_F32, 128);
+    grouped_case(b, FP4D_DTYPE_MXFP4, FP4D_DTYPE_MXFP4, FP4D_LAYOUT_LINEAR, FP4D_DTYPE_F16, 64);
+    grouped_case(b, FP4D_DTYPE_F32, FP4D_DTYPE_NVFP4, FP4D_LAYOUT_LINEAR, FP4D_DTYPE_F32, 48);
+    grouped_case(b, FP4D_DTYPE_F16, FP4D_DTYPE_MXFP4, FP4D_LAYOUT_LINEAR, FP4D_DTYPE_BF16, 96);
+    fp4d_backend_close(b);
+}
+static void test_cuda_grouped(void **state) { test_grouped(state, "cuda"); }
+static void test_cublas_bf16_grouped(void **state) { test_grouped(state, "cublas-bf16"); }
+
+/* The GPU quantizer is bit-identical to fp4d_quantize (flashinfer-exact). */
+static void test_cuda_quantize_bit_identical(void **state)
+{
+    (void)state;
+    fp4d_backend_t b = open_or_skip("cuda");
+    if (!b) skip();
+    const fp4d_dtype srcs[] = {FP4D_DTYPE_F32, FP4D_DTYPE_BF16, FP4D_DTYPE_F16};
+    for (int si = 0; si < 3; si++)
+        for (int li = 0; li < 3; li++)
+            for (int given = 0; given < 2; given++) {
+                const int64_t rows = 37 + li, cols = 16 * (5 + si);
+                float *f = malloc((size_t)(rows * cols) * sizeof *f);
+                for (int64_t i = 0; i < rows * cols; i++) {
+                    const float u = rnd_unit();
+                    /* magnitudes over many binades, and special values */
+                    f[i] = u * ldexpf(1.0f, (int)(rnd() % 24) - 12);
+                }
+                for (int64_t c = 0; c < 16; c++) f[c] = 0.0f;           /* an all-zero block */
+                f[16] = NAN;                                            /* NaN in a block */
+                f[40] = INFINITY;
+                f[cols + 3] = -INFINITY;
+                for (int64_t c = 32; c < 48 && cols >= 48; c++) f[cols * 2 + c] = 1e-30f; /* scale underflow */
+                void *src = malloc((size_t)(rows * cols) * 4);
+                fp4d_from_f32(srcs[si], f, (size_t)(rows * cols), src);
+                const size_t cb = (size_t)(rows * cols / 2), sb = fp4d_scale_buffer_size(layouts[li], rows, cols / 16);
+                uint8_t *c1 = malloc(cb), *c2 = malloc(cb), *s1 = malloc(sb), *s2 = malloc(sb);
+                memset(s1, 0xAA, sb);
+                memset(s2, 0x55, sb);
+                fp4d_quantize_params qp = {FP4D_DTYPE_NVFP4, FP4D_CONV_FLASHINFER_EXACT, layouts[li], given ? 37.5f : 0.0f};
+                fp4d_quantize_result r1;
+                assert_int_equal(fp4d_quantize(&qp, srcs[si], src, rows, cols, c1, s1, &r1), FP4D_STATUS_OK);
+                fp4d_quantize_problem q = {qp, srcs[si], src, rows, cols, c2, s2, {0, 0}};
+                fp4d_reason why;
+                fp4d_status st = fp4d_backend_quantize(b, &q, &why);
+                if (st != FP4D_STATUS_OK) fprintf(stderr, "  quantize: %s %s\n", why.text, fp4d_last_error());
+                assert_int_equal(st, FP4D_STATUS_OK);
+                assert_memory_equal(c1, c2, cb);
+                assert_memory_equal(s1, s2, sb);
+                assert_true(r1.encode_scale == q.result.encode_scale);
+                assert_true(r1.decode_scale == q.result.decode_scale);
+                free(f);
+                free(src);
+                free(c1);
+                free(c2);
+                free(s1);
+                free(s2);
+            }
+    fp4d_backend_close(b);
+}
+
+/* cublaslt / cudnn: either cuBLASLt/cuDNN says no, with its own words, or the result is
+ * right. */
+static void native_backend(const char *name)
+{
+    fp4d_backend_t b = open_or_skip(name);
+    if (!b) skip();
+    const fp4d_dtype fmts[] = {FP4D_DTYPE_NVFP4, FP4D_DTYPE_MXFP4};
+    for (int f = 0; f < 2; f++) {
+        fp4d_gemm_desc d = {128, 256, 256, fmts[f], fmts[f], FP4D_DTYPE_BF16, FP4D_LAYOUT_SWIZZLED_128X4,
+                            FP4D_LAYOUT_SWIZZLED_128X4, 0};
+        fp4d_reason why = {{0}};
+        if (!fp4d_backend_supports(b, &d, &why)) {
+            fprintf(stderr, "  %s %s: UNSUPPORTED: %s\n", name, fp4d_dtype_get(fmts[f])->name, why.text);
+            assert_true(strlen(why.text) > 10);
+            continue;
+        }
+        assert_int_equal(run_case(b, fmts[f], fmts[f], FP4D_LAYOUT_SWIZZLED_128X4, FP4D_LAYOUT_LINEAR, FP4D_DTYPE_BF16,
+                                  128, 256, 256),
+                         0);
+    }
+    fp4d_backend_close(b);
+}
+static void test_cublaslt(void **state) { (void)state; native_backend("cublaslt"); }
+static void test_cudnn(void **state) { (void)state; native_backend("cudnn"); }
+
+int main(void)
+{
+    assert_int_equal(fp4d_registry_init(NULL), FP4D_STATUS_OK);
+    /* FP4D_GPU_TEST_FILTER=test_cuda* runs a subset (e.g. under compute-sanitizer) */
+    if (getenv("FP4D_GPU_TEST_FILTER")) cmocka_set_test_filter(getenv("FP4D_GPU_TEST_FILTER"));
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_cuda_gemm_sweep),
+        cmocka_unit_test(test_cuda_deterministic_split_k),
+        cmocka_unit_test(test_cuda_grouped),
+        cmocka_unit_test(test_cuda_quantize_bit_identical),
+        cmocka_unit_test(test_cublas_bf16_gemm_sweep),
+        cmocka_unit_test(test_cublas_bf16_grouped),
+        cmocka_unit_test(test_cublaslt),
+        cmocka_unit_test(test_cudnn),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
