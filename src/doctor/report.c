@@ -105,8 +105,7 @@ fp4d_status fp4d_report_write_text(const fp4d_report *rep, FILE *f, bool color)
             if (color && v != FP4D_VERDICT_COUNT) fprintf(f, " %s%-7s\033[0m", ansi_for(v), txt);
             else fprintf(f, " %-7s", txt);
         }
-        const char *vn = br->unavailable[0] && br->verdict == FP4D_VERDICT_UNSUPPORTED ? "UNAVAILABLE"
-                                                                                       : fp4d_verdict_name(br->verdict);
+        const char *vn = fp4d_verdict_name(br->verdict);
         if (color) fprintf(f, "  %s%-16s\033[0m %s\n", ansi_for(br->verdict), vn, fp4d_cause_name(br->cause));
         else fprintf(f, "  %-16s %s\n", vn, fp4d_cause_name(br->cause));
     }

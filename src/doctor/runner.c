@@ -518,7 +518,7 @@ static void summarise_backend(fp4d_report *rep, fp4d_backend_report *br)
     if (cause == FP4D_CAUSE_NONE && cause_count[FP4D_CAUSE_UNKNOWN]) cause = FP4D_CAUSE_UNKNOWN;
     br->cause = cause;
     if (br->unavailable[0] && nrun == 0) {
-        snprintf(br->summary, sizeof br->summary, "unavailable: %s", br->unavailable);
+        snprintf(br->summary, sizeof br->summary, "UNSUPPORTED here: %s", br->unavailable);
     } else if (worst == FP4D_VERDICT_PASS) {
         snprintf(br->summary, sizeof br->summary, "passed all %zu cases it supports", nrun);
     } else if (worst == FP4D_VERDICT_UNSUPPORTED) {
