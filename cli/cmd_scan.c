@@ -1,4 +1,175 @@
-/* STUB: replaced by the owner of this command. */
+/*
+ * cmd_scan.c - `fp4doctor scan` (checkpoint findings) and `fp4doctor replay` (one layer's
+ * real weights through every backend). docs/cli.md, docs/scan.md.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
 #include "cli.h"
-int cmd_scan(int argc, char **argv) { (void)argc; return cli_fail(FP4D_EXIT_INTERNAL, argv[0], "not built yet"); }
-int cmd_replay(int argc, char **argv) { (void)argc; return cli_fail(FP4D_EXIT_INTERNAL, argv[0], "not built yet"); }
+#include "fp4doctor/scan.h"
+#include "scan/replay.h"
+
+static void scan_usage(FILE *f)
+{
+    fprintf(f, "usage: fp4doctor scan PATH [--scales-only] [--json FILE|-] [--threads N]\n\n"
+               "Checks an NVFP4/MXFP4 checkpoint (a directory with config.json, hf_quant_config.json,\n"
+               "model.safetensors.index.json and shards, or one .safetensors file): headers, index,\n"
+               "companion tensors, dtypes, shapes, block and global scales, NaN/Inf, the quant\n"
+               "config's exclusions, and which quantizer wrote it.\n\n"
+               "  --scales-only  read only block-scale and global-scale tensors (~11%% of the bytes)\n"
+               "  --json FILE|-  write the JSON report (docs/json-schema.md) to FILE or stdout\n"
+               "  --threads N    reader threads (default: one per CPU)\n\n"
+               "exit: 0 no error finding, 1 an error finding, 2 usage, 3 PATH unreadable\n");
+}
+
+typedef struct progress_state {
+    struct timespec start;
+    bool            drawn;
+} progress_state;
+
+static void draw_progress(void *user, uint64_t done, uint64_t total)
+{
+    progress_state *ps = user;
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    double s = (double)(now.tv_sec - ps->start.tv_sec) + (double)(now.tv_nsec - ps->start.tv_nsec) * 1e-9;
+    double frac = total ? (double)done / (double)total : 1.0;
+    int width = 30, fill = (int)(frac * width);
+    char bar[32];
+    for (int i = 0; i < width; i++) bar[i] = i < fill ? '#' : '.';
+    bar[width] = '\0';
+    fprintf(stderr, "\r  scanning [%s] %5.1f%%  %.2f / %.2f GB  %.2f GB/s ", bar, 100.0 * frac, (double)done / 1e9,
+            (double)total / 1e9, s > 0 ? (double)done / 1e9 / s : 0.0);
+    fflush(stderr);
+    ps->drawn = true;
+}
+
+int cmd_scan(int argc, char **argv)
+{
+    const char *cmd = argv[0], *path = NULL, *json_path = NULL;
+    fp4d_scan_options opt = {0};
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            scan_usage(stdout);
+            return FP4D_EXIT_OK;
+        } else if (!strcmp(a, "--scales-only")) {
+            opt.scales_only = true;
+        } else if (!strcmp(a, "--json")) {
+            if (++i >= argc) return cli_fail(FP4D_EXIT_USAGE, cmd, "--json needs FILE or -");
+            json_path = argv[i];
+        } else if (!strcmp(a, "--threads")) {
+            char *end;
+            if (++i >= argc) return cli_fail(FP4D_EXIT_USAGE, cmd, "--threads needs a number");
+            errno = 0;
+            long n = strtol(argv[i], &end, 10);
+            if (errno || *end || n < 1 || n > 1024)
+                return cli_fail(FP4D_EXIT_USAGE, cmd, "--threads: '%s' is not a number in 1..1024", argv[i]);
+            opt.threads = (int)n;
+        } else if (a[0] == '-' && a[1]) {
+            return cli_fail(FP4D_EXIT_USAGE, cmd, "unknown option '%s' (see fp4doctor scan --help)", a);
+        } else if (!path) {
+            path = a;
+        } else {
+            return cli_fail(FP4D_EXIT_USAGE, cmd, "one PATH only (got '%s' and '%s')", path, a);
+        }
+    }
+    if (!path) {
+        scan_usage(stderr);
+        return FP4D_EXIT_USAGE;
+    }
+    progress_state ps = {0};
+    if (isatty(fileno(stderr))) {
+        clock_gettime(CLOCK_MONOTONIC, &ps.start);
+        opt.progress = draw_progress;
+        opt.progress_user = &ps;
+    }
+    fp4d_scan_report *rep = NULL;
+    fp4d_status st = fp4d_scan_path(path, &opt, &rep);
+    if (ps.drawn) fprintf(stderr, "\r%80s\r", "");
+    if (st != FP4D_STATUS_OK) {
+        int code = st == FP4D_STATUS_NOT_FOUND || st == FP4D_STATUS_IO || st == FP4D_STATUS_PARSE ? FP4D_EXIT_INPUT
+                                                                                                 : FP4D_EXIT_INTERNAL;
+        return cli_fail(code, cmd, "%s", fp4d_last_error());
+    }
+    int rc = fp4d_scan_report_count_at_least(rep, FP4D_SCAN_ERROR) ? FP4D_EXIT_FAILED : FP4D_EXIT_OK;
+    bool json_stdout = json_path && !strcmp(json_path, "-");
+    if (!json_stdout) fp4d_scan_report_print(rep, stdout, cli_use_color(stdout));
+    if (json_path) {
+        char *text = NULL;
+        if (fp4d_scan_report_json(rep, &text) != FP4D_STATUS_OK) {
+            fp4d_scan_report_free(rep);
+            return cli_fail(FP4D_EXIT_INTERNAL, cmd, "%s", fp4d_last_error());
+        }
+        FILE *f = cli_open_output(cmd, json_path);
+        if (!f) {
+            free(text);
+            fp4d_scan_report_free(rep);
+            return FP4D_EXIT_INPUT;
+        }
+        fputs(text, f);
+        fputc('\n', f);
+        cli_close_output(f);
+        free(text);
+    }
+    fp4d_scan_report_free(rep);
+    return rc;
+}
+
+static void replay_usage(FILE *f)
+{
+    fprintf(f, "usage: fp4doctor replay CHECKPOINT --layer NAME [--backend LIST] [--rows M] [--seed S]\n\n"
+               "Runs one quantized layer's real weights (NAME: the module, e.g.\n"
+               "model.layers.0.mlp.experts.17.down_proj, or any of its tensors) through every\n"
+               "available backend against the exact reference, with activations drawn at the scale\n"
+               "its input scale implies, and prints the same verdicts as `fp4doctor check`.\n\n"
+               "  --backend LIST  comma-separated backend names (default: all available)\n"
+               "  --rows M        activation rows (default 16)\n"
+               "  --seed S        activation seed (default 1)\n\n"
+               "exit: 0 every backend PASS or UNSUPPORTED, 1 a failure, 2 usage, 3 unreadable input\n");
+}
+
+int cmd_replay(int argc, char **argv)
+{
+    const char *cmd = argv[0];
+    fp4d_replay_options opt = {0};
+    opt.rows = 16;
+    opt.seed = 1;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            replay_usage(stdout);
+            return FP4D_EXIT_OK;
+        } else if (!strcmp(a, "--layer")) {
+            if (++i >= argc) return cli_fail(FP4D_EXIT_USAGE, cmd, "--layer needs a NAME");
+            opt.layer = argv[i];
+        } else if (!strcmp(a, "--backend")) {
+            if (++i >= argc) return cli_fail(FP4D_EXIT_USAGE, cmd, "--backend needs a LIST");
+            opt.backends = argv[i];
+        } else if (!strcmp(a, "--rows") || !strcmp(a, "--seed")) {
+            char *end;
+            if (i + 1 >= argc) return cli_fail(FP4D_EXIT_USAGE, cmd, "%s needs a number", a);
+            errno = 0;
+            unsigned long long v = strtoull(argv[i + 1], &end, 10);
+            if (errno || *end || (!strcmp(a, "--rows") && (v < 1 || v > 4096)))
+                return cli_fail(FP4D_EXIT_USAGE, cmd, "%s: bad number '%s'", a, argv[i + 1]);
+            if (!strcmp(a, "--rows")) opt.rows = (int64_t)v;
+            else opt.seed = v;
+            i++;
+        } else if (a[0] == '-' && a[1]) {
+            return cli_fail(FP4D_EXIT_USAGE, cmd, "unknown option '%s' (see fp4doctor replay --help)", a);
+        } else if (!opt.checkpoint) {
+            opt.checkpoint = a;
+        } else {
+            return cli_fail(FP4D_EXIT_USAGE, cmd, "one CHECKPOINT only");
+        }
+    }
+    if (!opt.checkpoint || !opt.layer) {
+        replay_usage(stderr);
+        return FP4D_EXIT_USAGE;
+    }
+    return fp4d_replay_run(&opt, stdout, cli_use_color(stdout));
+}

@@ -6,6 +6,9 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/utsname.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
 #include <unistd.h>
 
 #include "backend/gpu_info.h"
@@ -72,7 +75,11 @@ json_t *fp4d_env_to_json(void)
     __builtin_cpu_init();
     if (__builtin_cpu_supports("avx2")) json_array_append_new(feats, json_string("avx2"));
     if (__builtin_cpu_supports("fma")) json_array_append_new(feats, json_string("fma"));
-    if (__builtin_cpu_supports("f16c")) json_array_append_new(feats, json_string("f16c"));
+    {
+        /* clang 14's __builtin_cpu_supports has no "f16c": ask CPUID leaf 1 (ECX bit 29). */
+        unsigned a, b, c, d;
+        if (__get_cpuid(1, &a, &b, &c, &d) && (c & (1u << 29))) json_array_append_new(feats, json_string("f16c"));
+    }
     if (__builtin_cpu_supports("avx512f")) json_array_append_new(feats, json_string("avx512f"));
     if (__builtin_cpu_supports("avx512bw")) json_array_append_new(feats, json_string("avx512bw"));
 #endif

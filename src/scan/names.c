@@ -1,0 +1,35 @@
+/* names.c - layer and expert numbers from Hugging Face tensor names. */
+#include <ctype.h>
+#include <string.h>
+
+#include "scan/scan_internal.h"
+
+/* The number right after "<component>." where component is one of keys, at a component
+ * boundary: "model.layers.12.mlp" -> 12. */
+static int64_t name_number_after(const char *name, const char *const *keys, size_t nkeys)
+{
+    for (const char *p = name; *p; p++) {
+        if (p != name && p[-1] != '.') continue;
+        for (size_t k = 0; k < nkeys; k++) {
+            size_t n = strlen(keys[k]);
+            if (strncmp(p, keys[k], n) || p[n] != '.' || !isdigit((unsigned char)p[n + 1])) continue;
+            const char *d = p + n + 1;
+            int64_t v = 0;
+            while (isdigit((unsigned char)*d) && v < 1000000000) v = v * 10 + (*d++ - '0');
+            if (*d == '.' || *d == '\0') return v;
+        }
+    }
+    return -1;
+}
+
+int64_t scan_name_layer(const char *name)
+{
+    static const char *const keys[] = {"layers", "h", "block", "blocks", "layer"};
+    return name_number_after(name, keys, sizeof keys / sizeof keys[0]);
+}
+
+int64_t scan_name_expert(const char *name)
+{
+    static const char *const keys[] = {"experts"};
+    return name_number_after(name, keys, 1);
+}

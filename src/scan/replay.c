@@ -1,0 +1,584 @@
+/*
+ * replay.c - `fp4doctor replay CHECKPOINT --layer NAME`: one quantized layer's real weights
+ * through every backend, judged against the exact reference with the verdict names of
+ * `fp4doctor check` (doctor.h).
+ *
+ * The doctor's own runner builds synthetic operands from a case description, so replay
+ * drives the backends itself: each backend runs in a forked child writing into shared
+ * memory (a crash or a hang costs one verdict, as in check), the parent compares a sample
+ * of output elements (all of them for small layers) with fp4d_ref_gemm_element.
+ *
+ * Activations: NVFP4 layers with a static input scale get activations whose amax is the
+ * one that scale implies (amax = 2688 x decode input scale), quantized to NVFP4 with that
+ * scale as engines do; weight-only layers (MXFP4, W4A16) get bf16 N(0,1) activations.
+ */
+#include <errno.h>
+#include <math.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <dirent.h>
+#include <jansson.h>
+
+#include "fp4doctor/backend.h"
+#include "fp4doctor/doctor.h"
+#include "fp4doctor/formats.h"
+#include "fp4doctor/io.h"
+#include "fp4doctor/ref.h"
+#include "internal.h"
+#include "scan/replay.h"
+#include "scan/scan_internal.h"
+
+#define REPLAY_MAX_SAMPLES 4096
+#define REPLAY_TIMEOUT_S   120
+#define REPLAY_POISON      0x7FC1u /* a bf16 NaN no arithmetic produces: "never written" */
+
+typedef struct replay_shards {
+    fp4d_st_file **f;
+    size_t         n;
+} replay_shards;
+
+static void shards_free(replay_shards *s)
+{
+    for (size_t i = 0; i < s->n; i++) fp4d_st_close(s->f[i]);
+    free(s->f);
+}
+
+static void shards_add(replay_shards *s, const char *path)
+{
+    fp4d_st_file *f = fp4d_st_open(path, NULL);
+    if (!f) return;
+    fp4d_st_file **g = realloc(s->f, (s->n + 1) * sizeof *g);
+    if (!g) {
+        fp4d_st_close(f);
+        return;
+    }
+    s->f = g;
+    s->f[s->n++] = f;
+}
+
+static void shards_open(replay_shards *s, const char *ckpt)
+{
+    DIR *d = opendir(ckpt);
+    if (!d) {
+        shards_add(s, ckpt);
+        return;
+    }
+    struct dirent *e;
+    char path[8192];
+    while ((e = readdir(d))) {
+        size_t n = strlen(e->d_name);
+        if (n <= 12 || strcmp(e->d_name + n - 12, ".safetensors")) continue;
+        snprintf(path, sizeof path, "%s/%s", ckpt, e->d_name);
+        shards_add(s, path);
+    }
+    closedir(d);
+}
+
+static const fp4d_st_tensor *shards_find(const replay_shards *s, const char *name)
+{
+    for (size_t i = 0; i < s->n; i++) {
+        const fp4d_st_tensor *t = fp4d_st_find(s->f[i], name);
+        if (t) return t;
+    }
+    return NULL;
+}
+
+static const fp4d_st_tensor *find2(const replay_shards *s, const char *module, const char *suffix)
+{
+    size_t n = strlen(module) + strlen(suffix) + 1;
+    char *name = malloc(n);
+    if (!name) return NULL;
+    snprintf(name, n, "%s%s", module, suffix);
+    const fp4d_st_tensor *t = shards_find(s, name);
+    free(name);
+    return t;
+}
+
+static char *strip_suffix(const char *name)
+{
+    static const char *const sfx[] = {".weight_packed", ".weight_scale_2", ".weight_global_scale",
+                                      ".input_global_scale", ".weight_scale", ".input_scale", ".weight",
+                                      "_blocks", "_scales"};
+    size_t n = strlen(name);
+    for (size_t i = 0; i < sizeof sfx / sizeof sfx[0]; i++) {
+        size_t k = strlen(sfx[i]);
+        if (n > k && !strcmp(name + n - k, sfx[i])) return strndup(name, n - k);
+    }
+    return strdup(name);
+}
+
+static double scalar_of(const fp4d_st_tensor *t)
+{
+    if (!t || t->nbytes < 2) return NAN;
+    if (t->dtype == FP4D_ST_F32) {
+        float f;
+        memcpy(&f, t->data, 4);
+        return f;
+    }
+    uint16_t h = (uint16_t)(t->data[0] | t->data[1] << 8);
+    if (t->dtype == FP4D_ST_BF16) return fp4d_bf16_to_f32(h);
+    if (t->dtype == FP4D_ST_F16) return fp4d_f16_to_f32(h);
+    return NAN;
+}
+
+/* The layer as a GEMM operand B [N, K] with everything replay needs around it. */
+typedef struct replay_layer {
+    fp4d_dtype format;
+    int64_t    n, k;
+    uint8_t   *codes, *scales;
+    double     weight_decode;  /* NVFP4 per-tensor decode scale (1 for MXFP4) */
+    double     input_decode;   /* 0 when the layer has no static input scale */
+    char       desc[256];
+} replay_layer;
+
+static bool layer_load(const replay_shards *s, const char *name, replay_layer *L, char *why, size_t why_n)
+{
+    memset(L, 0, sizeof *L);
+    char *module = strip_suffix(name);
+    if (!module) return false;
+    const fp4d_st_tensor *w = NULL, *sc = NULL;
+    int64_t expert = -1;
+    bool ct = false, gptoss = false;
+    if ((w = find2(s, module, ".weight")) && w->dtype == FP4D_ST_U8) {
+        sc = find2(s, module, ".weight_scale");
+    } else if ((w = find2(s, module, ".weight_packed"))) {
+        ct = true;
+        sc = find2(s, module, ".weight_scale");
+    } else if ((w = find2(s, module, "_blocks"))) {
+        gptoss = true;
+        sc = find2(s, module, "_scales");
+    } else {
+        /* "...experts.17.down_proj" inside a fused gpt-oss tensor "...experts.down_proj_blocks". */
+        const char *p = strstr(module, ".experts.");
+        char *end = NULL;
+        if (p) expert = strtoll(p + 9, &end, 10);
+        if (p && end && *end == '.') {
+            char fused[1024];
+            snprintf(fused, sizeof fused, "%.*s.experts.%s", (int)(p - module), module, end + 1);
+            w = find2(s, fused, "_blocks");
+            sc = find2(s, fused, "_scales");
+            gptoss = w != NULL;
+        }
+    }
+    if (!w || !sc) {
+        snprintf(why, why_n, "no quantized layer '%s' (looked for %s.weight/.weight_packed/_blocks and its scales)", name,
+                 module);
+        free(module);
+        return false;
+    }
+    bool mx = gptoss || sc->dtype == FP4D_ST_U8 || sc->dtype == FP4D_ST_F8_E8M0;
+    L->format = mx ? FP4D_DTYPE_MXFP4 : FP4D_DTYPE_NVFP4;
+    int64_t block = mx ? 32 : 16;
+    const uint8_t *codes = w->data, *scales = sc->data;
+    if (gptoss) {
+        if (w->ndim != 4 || sc->ndim != 3 || w->shape[3] != 16) goto bad_shape;
+        int64_t E = w->shape[0];
+        if (expert < 0 && E == 1) expert = 0;
+        if (expert < 0 || expert >= E) {
+            snprintf(why, why_n, "%s holds %lld fused experts: name one, e.g. %.*s.experts.0.<proj>", w->name,
+                     (long long)E, (int)(strstr(module, ".experts") ? strstr(module, ".experts") - module : (long)strlen(module)),
+                     module);
+            free(module);
+            return false;
+        }
+        L->n = w->shape[1];
+        L->k = w->shape[2] * 32;
+        codes += (uint64_t)expert * (uint64_t)(L->n * L->k / 2);
+        scales += (uint64_t)expert * (uint64_t)(L->n * L->k / 32);
+    } else {
+        if (w->ndim != 2 || sc->ndim != 2) goto bad_shape;
+        L->n = w->shape[0];
+        L->k = 2 * w->shape[1];
+    }
+    if (L->k % block || (uint64_t)(L->n * (L->k / block)) * (expert >= 0 ? 1 : 1) > sc->nbytes ||
+        (!gptoss && (sc->shape[0] != L->n || sc->shape[1] != L->k / block)))
+        goto bad_shape;
+    L->codes = malloc((size_t)(L->n * L->k / 2));
+    L->scales = malloc((size_t)(L->n * (L->k / block)));
+    if (!L->codes || !L->scales) {
+        free(module);
+        return false;
+    }
+    memcpy(L->codes, codes, (size_t)(L->n * L->k / 2));
+    memcpy(L->scales, scales, (size_t)(L->n * (L->k / block)));
+    L->weight_decode = 1.0;
+    if (!mx) {
+        if (ct) {
+            double g = scalar_of(find2(s, module, ".weight_global_scale"));
+            double i = scalar_of(find2(s, module, ".input_global_scale"));
+            L->weight_decode = 1.0 / g;
+            L->input_decode = isfinite(i) && i > 0 ? 1.0 / i : 0;
+        } else {
+            L->weight_decode = scalar_of(find2(s, module, ".weight_scale_2"));
+            double i = scalar_of(find2(s, module, ".input_scale"));
+            L->input_decode = isfinite(i) && i > 0 ? i : 0;
+        }
+        if (!isfinite(L->weight_decode) || L->weight_decode <= 0) {
+            snprintf(why, why_n, "%s: its global scale is missing, non-finite or not positive (run fp4doctor scan)",
+                     module);
+            free(module);
+            return false;
+        }
+    }
+    snprintf(L->desc, sizeof L->desc, "%s%s%lld: %s [%lld x %lld]", module, expert >= 0 && gptoss ? " expert " : "",
+             (long long)(expert >= 0 && gptoss ? expert : 0), mx ? "mxfp4" : "nvfp4", (long long)L->n, (long long)L->k);
+    if (!(expert >= 0 && gptoss))
+        snprintf(L->desc, sizeof L->desc, "%s: %s [%lld x %lld]", module, mx ? "mxfp4" : "nvfp4", (long long)L->n,
+                 (long long)L->k);
+    free(module);
+    return true;
+bad_shape:
+    snprintf(why, why_n, "%s: shapes of %s and %s do not form a packed FP4 matrix and its scales (run fp4doctor scan)",
+             module, w->name, sc->name);
+    free(module);
+    return false;
+}
+
+/* ---- activations ------------------------------------------------------------------------------ */
+
+static double gauss(uint64_t *s)
+{
+    uint64_t a = (*s = *s * 6364136223846793005ull + 1442695040888963407ull) >> 11;
+    uint64_t b = (*s = *s * 6364136223846793005ull + 1442695040888963407ull) >> 11;
+    double u = ((double)a + 0.5) * 0x1p-53, v = ((double)b + 0.5) * 0x1p-53;
+    return sqrt(-2.0 * log(u)) * cos(2.0 * M_PI * v);
+}
+
+typedef struct replay_act {
+    fp4d_matrix a;
+    void       *data;
+    uint8_t    *scales;
+    float      *deq;   /* [M, K] dequantized, for the error bound */
+    float       alpha;
+} replay_act;
+
+static bool make_activations(const replay_layer *L, int64_t M, uint64_t seed, replay_act *A)
+{
+    memset(A, 0, sizeof *A);
+    int64_t K = L->k;
+    float *x = malloc((size_t)(M * K) * sizeof *x);
+    A->deq = malloc((size_t)(M * K) * sizeof *A->deq);
+    if (!x || !A->deq) {
+        free(x);
+        return false;
+    }
+    uint64_t s = seed * 0x9E3779B97F4A7C15ull + 7;
+    bool static_nvfp4 = L->format == FP4D_DTYPE_NVFP4 && L->input_decode > 0;
+    double amax = static_nvfp4 ? L->input_decode * 2688.0 : 4.0;
+    for (int64_t i = 0; i < M * K; i++) {
+        double v = gauss(&s) * amax / 4.0;
+        x[i] = (float)fmax(-amax, fmin(amax, v));
+    }
+    A->a.rows = M;
+    A->a.cols = K;
+    if (static_nvfp4) {
+        fp4d_quantize_params qp = {FP4D_DTYPE_NVFP4, FP4D_CONV_FLASHINFER_EXACT, FP4D_LAYOUT_LINEAR,
+                                   (float)(1.0 / L->input_decode)};
+        fp4d_quantize_result qr;
+        A->data = malloc((size_t)(M * K / 2));
+        A->scales = malloc((size_t)(M * K / 16));
+        if (!A->data || !A->scales ||
+            fp4d_quantize(&qp, FP4D_DTYPE_F32, x, M, K, A->data, A->scales, &qr) != FP4D_STATUS_OK) {
+            free(x);
+            return false;
+        }
+        A->a.dtype = FP4D_DTYPE_NVFP4;
+        A->a.scales = A->scales;
+        A->a.scale_layout = FP4D_LAYOUT_LINEAR;
+        fp4d_dequantize(FP4D_DTYPE_NVFP4, FP4D_LAYOUT_LINEAR, A->data, A->scales, 1.0f, M, K, A->deq);
+        A->alpha = (float)(L->input_decode * L->weight_decode);
+    } else {
+        A->data = malloc((size_t)(M * K) * 2);
+        if (!A->data) {
+            free(x);
+            return false;
+        }
+        fp4d_from_f32(FP4D_DTYPE_BF16, x, (size_t)(M * K), A->data);
+        fp4d_to_f32(FP4D_DTYPE_BF16, A->data, (size_t)(M * K), A->deq);
+        A->a.dtype = FP4D_DTYPE_BF16;
+        A->alpha = (float)L->weight_decode;
+    }
+    A->a.data = A->data;
+    free(x);
+    return true;
+}
+
+/* ---- one backend in a child ---------------------------------------------------------------- */
+
+typedef struct replay_shared {
+    int32_t status;      /* fp4d_status of the run, or -1 unavailable, -2 unsupported */
+    char    reason[FP4D_REASON_MAX];
+} replay_shared;
+
+static fp4d_verdict run_backend(const char *name, const fp4d_gemm_problem *proto, size_t out_bytes, uint16_t *out1,
+                                uint16_t *out2, char *detail, size_t detail_n)
+{
+    replay_shared *sh = mmap(NULL, sizeof *sh + 2 * out_bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (sh == MAP_FAILED) {
+        snprintf(detail, detail_n, "cannot map shared memory: %s", strerror(errno));
+        return FP4D_VERDICT_ERROR;
+    }
+    uint16_t *o1 = (uint16_t *)(sh + 1), *o2 = o1 + out_bytes / 2;
+    for (size_t i = 0; i < out_bytes / 2; i++) o1[i] = o2[i] = REPLAY_POISON;
+    sh->status = FP4D_STATUS_INTERNAL;
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid == 0) {
+        fp4d_backend_t b = NULL;
+        fp4d_reason why = {{0}};
+        if (fp4d_backend_open(name, -1, &b, &why) != FP4D_STATUS_OK) {
+            sh->status = -1;
+            memcpy(sh->reason, why.text, sizeof sh->reason);
+            _exit(0);
+        }
+        fp4d_gemm_problem p = *proto;
+        p.out = o1;
+        fp4d_status st = fp4d_backend_gemm(b, &p, &why);
+        if (st == FP4D_STATUS_OK) {
+            p.out = o2;
+            st = fp4d_backend_gemm(b, &p, &why);
+        }
+        sh->status = st == FP4D_STATUS_UNSUPPORTED ? -2 : (int32_t)st;
+        memcpy(sh->reason, st == FP4D_STATUS_OK ? "" : why.text[0] ? why.text : fp4d_last_error(), sizeof sh->reason);
+        sh->reason[sizeof sh->reason - 1] = '\0';
+        fp4d_backend_close(b);
+        _exit(0);
+    }
+    fp4d_verdict v = FP4D_VERDICT_PASS;
+    if (pid < 0) {
+        snprintf(detail, detail_n, "fork failed: %s", strerror(errno));
+        v = FP4D_VERDICT_ERROR;
+    } else {
+        int wst = 0;
+        struct timespec t0, now;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        for (;;) {
+            pid_t r = waitpid(pid, &wst, WNOHANG);
+            if (r == pid) break;
+            clock_gettime(CLOCK_MONOTONIC, &now);
+            if (now.tv_sec - t0.tv_sec > REPLAY_TIMEOUT_S) {
+                kill(pid, SIGKILL);
+                waitpid(pid, &wst, 0);
+                v = FP4D_VERDICT_TIMEOUT;
+                snprintf(detail, detail_n, "no answer after %d s", REPLAY_TIMEOUT_S);
+                break;
+            }
+            struct timespec ts = {0, 20 * 1000 * 1000};
+            nanosleep(&ts, NULL);
+        }
+        if (v == FP4D_VERDICT_PASS && WIFSIGNALED(wst)) {
+            v = FP4D_VERDICT_CRASH;
+            snprintf(detail, detail_n, "killed by signal %d (%s)", WTERMSIG(wst), strsignal(WTERMSIG(wst)));
+        } else if (v == FP4D_VERDICT_PASS && sh->status == -1) {
+            v = FP4D_VERDICT_COUNT; /* unavailable here: not a verdict */
+            snprintf(detail, detail_n, "%s", sh->reason);
+        } else if (v == FP4D_VERDICT_PASS && sh->status == -2) {
+            v = FP4D_VERDICT_UNSUPPORTED;
+            snprintf(detail, detail_n, "%s", sh->reason);
+        } else if (v == FP4D_VERDICT_PASS && sh->status != FP4D_STATUS_OK) {
+            v = FP4D_VERDICT_ERROR;
+            snprintf(detail, detail_n, "%s: %s", fp4d_status_name((fp4d_status)sh->status), sh->reason);
+        }
+    }
+    memcpy(out1, o1, out_bytes);
+    memcpy(out2, o2, out_bytes);
+    munmap(sh, sizeof *sh + 2 * out_bytes);
+    return v;
+}
+
+/* ---- judging ----------------------------------------------------------------------------------- */
+
+typedef struct sample {
+    int64_t m, n;
+    double  exact;     /* exact value rounded to double */
+    double  bound;     /* |alpha| * sum_k |a||b|: scale of the rounding errors */
+    float   ref_bf16;  /* the exact value rounded once to bf16 */
+} sample;
+
+static fp4d_verdict judge(const sample *smp, size_t ns, const uint16_t *o1, const uint16_t *o2, int64_t M, int64_t N,
+                          int64_t K, double *worst_ratio, char *detail, size_t detail_n)
+{
+    size_t total = (size_t)(M * N);
+    for (size_t i = 0; i < total; i++)
+        if (o1[i] == REPLAY_POISON) {
+            snprintf(detail, detail_n, "output element (%zu, %zu) never written", i / (size_t)N, i % (size_t)N);
+            return FP4D_VERDICT_UNWRITTEN;
+        }
+    bool all_zero = true, exact_zero = true;
+    for (size_t i = 0; i < total; i++) all_zero &= (o1[i] & 0x7FFF) == 0;
+    fp4d_verdict v = FP4D_VERDICT_PASS;
+    *worst_ratio = 0;
+    for (size_t i = 0; i < ns; i++) {
+        const sample *s = &smp[i];
+        double got = fp4d_bf16_to_f32(o1[s->m * N + s->n]);
+        exact_zero &= s->exact == 0;
+        if (!isfinite(s->exact)) continue;
+        if (isnan(got)) {
+            snprintf(detail, detail_n, "NaN at (%lld, %lld), exact %.6g", (long long)s->m, (long long)s->n, s->exact);
+            return FP4D_VERDICT_NAN;
+        }
+        if (isinf(got)) {
+            snprintf(detail, detail_n, "Inf at (%lld, %lld), exact %.6g", (long long)s->m, (long long)s->n, s->exact);
+            return FP4D_VERDICT_INF;
+        }
+        /* fp32 accumulation of K products, then one bf16 rounding; the practical tolerance is
+         * what users of bf16 outputs accept (2^-7 of the magnitude of the sum). */
+        double ulp = fabs(s->ref_bf16) > 0 ? ldexp(1.0, ilogb(s->ref_bf16) - 7) : 0x1p-133;
+        double strict = (double)K * 0x1p-23 * s->bound + ulp;
+        double practical = 0x1p-7 * s->bound + 2 * ulp;
+        double err = fabs(got - s->exact);
+        if (strict > 0 && err / strict > *worst_ratio) *worst_ratio = err / strict;
+        if (err > practical && v != FP4D_VERDICT_WRONG) {
+            v = FP4D_VERDICT_WRONG;
+            snprintf(detail, detail_n, "(%lld, %lld) = %.6g, exact %.6g", (long long)s->m, (long long)s->n, got, s->exact);
+        } else if (err > strict && v == FP4D_VERDICT_PASS) {
+            v = FP4D_VERDICT_INACCURATE;
+            snprintf(detail, detail_n, "(%lld, %lld) = %.6g, exact %.6g (beyond the fp32 bound, within practical)",
+                     (long long)s->m, (long long)s->n, got, s->exact);
+        }
+    }
+    if (all_zero && !exact_zero) {
+        snprintf(detail, detail_n, "every output element is 0");
+        return FP4D_VERDICT_ZEROS;
+    }
+    if (v == FP4D_VERDICT_PASS && memcmp(o1, o2, total * 2)) {
+        snprintf(detail, detail_n, "two runs on the same inputs differ");
+        return FP4D_VERDICT_NONDETERMINISTIC;
+    }
+    return v;
+}
+
+static bool name_selected(const char *list, const char *name)
+{
+    if (!list) return true;
+    size_t n = strlen(name);
+    for (const char *p = list; *p;) {
+        const char *c = strchr(p, ',');
+        size_t k = c ? (size_t)(c - p) : strlen(p);
+        if (k == n && !strncmp(p, name, n)) return true;
+        p += k + (c ? 1 : 0);
+    }
+    return false;
+}
+
+int fp4d_replay_run(const fp4d_replay_options *opt, FILE *out, bool color)
+{
+    replay_shards s = {0};
+    shards_open(&s, opt->checkpoint);
+    if (!s.n) {
+        fprintf(stderr, "fp4doctor replay: no readable .safetensors file in '%s' (run fp4doctor scan)\n", opt->checkpoint);
+        return FP4D_EXIT_INPUT;
+    }
+    char why[512];
+    replay_layer L;
+    if (!layer_load(&s, opt->layer, &L, why, sizeof why)) {
+        shards_free(&s);
+        fprintf(stderr, "fp4doctor replay: %s\n", why[0] ? why : "out of memory");
+        free(L.codes);
+        free(L.scales);
+        return FP4D_EXIT_INPUT;
+    }
+    shards_free(&s);
+    int64_t M = opt->rows > 0 ? opt->rows : 16, N = L.n, K = L.k;
+    replay_act A;
+    int rc = FP4D_EXIT_OK;
+    if (!make_activations(&L, M, opt->seed, &A)) {
+        fprintf(stderr, "fp4doctor replay: cannot build activations: %s\n", fp4d_last_error());
+        free(L.codes);
+        free(L.scales);
+        return FP4D_EXIT_INTERNAL;
+    }
+    fp4d_gemm_problem p = {0};
+    p.a = A.a;
+    p.b = (fp4d_matrix){L.format, N, K, L.codes, L.scales, FP4D_LAYOUT_LINEAR};
+    p.alpha = A.alpha;
+    p.out_type = FP4D_DTYPE_BF16;
+    /* The exact reference on a sample of elements (all of them when few). */
+    size_t ns = (size_t)(M * N) <= REPLAY_MAX_SAMPLES ? (size_t)(M * N) : REPLAY_MAX_SAMPLES;
+    sample *smp = calloc(ns, sizeof *smp);
+    float *bdeq = malloc((size_t)K * sizeof *bdeq);
+    size_t out_bytes = (size_t)(M * N) * 2;
+    uint16_t *o1 = malloc(out_bytes), *o2 = malloc(out_bytes);
+    if (!smp || !bdeq || !o1 || !o2) {
+        rc = FP4D_EXIT_INTERNAL;
+        goto done;
+    }
+    uint64_t rs = opt->seed + 99;
+    int64_t block = L.format == FP4D_DTYPE_NVFP4 ? 16 : 32;
+    for (size_t i = 0; i < ns; i++) {
+        sample *q = &smp[i];
+        if (ns == (size_t)(M * N)) {
+            q->m = (int64_t)i / N;
+            q->n = (int64_t)i % N;
+        } else {
+            rs = rs * 6364136223846793005ull + 1442695040888963407ull;
+            q->m = (int64_t)((rs >> 33) % (uint64_t)M);
+            rs = rs * 6364136223846793005ull + 1442695040888963407ull;
+            q->n = (int64_t)((rs >> 33) % (uint64_t)N);
+        }
+        uint16_t r16;
+        if (fp4d_ref_gemm_element(&p, q->m, q->n, &r16, &q->exact) != FP4D_STATUS_OK) {
+            fprintf(stderr, "fp4doctor replay: reference failed: %s\n", fp4d_last_error());
+            rc = FP4D_EXIT_INTERNAL;
+            goto done;
+        }
+        q->ref_bf16 = fp4d_bf16_to_f32(r16);
+        fp4d_dequantize(L.format, FP4D_LAYOUT_LINEAR, L.codes + q->n * K / 2, L.scales + q->n * (K / block), 1.0f, 1,
+                        K, bdeq);
+        double sum = 0;
+        for (int64_t k = 0; k < K; k++) sum += fabs((double)A.deq[q->m * K + k] * bdeq[k]);
+        q->bound = fabs((double)p.alpha) * sum;
+    }
+    fp4d_registry_options ro = {0};
+    ro.include_faulty = opt->backends && strstr(opt->backends, "faulty") != NULL;
+    fp4d_registry_init(&ro);
+    const char *bold = color ? "\033[1m" : "", *red = color ? "\033[31;1m" : "", *green = color ? "\033[32m" : "",
+               *dim = color ? "\033[2m" : "", *reset = color ? "\033[0m" : "";
+    fprintf(out, "%sfp4doctor replay%s %s\n  layer %s, alpha %.6g, activations %s [%lld x %lld]%s, %zu elements checked "
+                 "exactly\n\n",
+            bold, reset, opt->checkpoint, L.desc, (double)p.alpha, A.a.dtype == FP4D_DTYPE_NVFP4 ? "nvfp4" : "bf16",
+            (long long)M, (long long)K, L.input_decode > 0 && L.format == FP4D_DTYPE_NVFP4 ? " at its input scale" : "",
+            ns);
+    size_t ran = 0;
+    for (size_t i = 0; i < fp4d_registry_count(); i++) {
+        const fp4d_backend_iface *bi = fp4d_registry_get(i);
+        if (!bi || !name_selected(opt->backends, bi->name)) continue;
+        if (!opt->backends && bi->kind == FP4D_BACKEND_KIND_FAULTY) continue;
+        char detail[FP4D_DETAIL_MAX] = "";
+        double ratio = 0;
+        fp4d_verdict v = run_backend(bi->name, &p, out_bytes, o1, o2, detail, sizeof detail);
+        if (v == FP4D_VERDICT_COUNT) {
+            fprintf(out, "  %-16s %sunavailable%s  %s\n", bi->name, dim, reset, detail);
+            continue;
+        }
+        if (v == FP4D_VERDICT_PASS) v = judge(smp, ns, o1, o2, M, N, K, &ratio, detail, sizeof detail);
+        ran++;
+        bool bad = fp4d_verdict_is_failure(v);
+        if (bad) rc = FP4D_EXIT_FAILED;
+        fprintf(out, "  %-16s %s%-16s%s", bi->name, bad ? red : green, fp4d_verdict_name(v), reset);
+        if (v == FP4D_VERDICT_PASS || v == FP4D_VERDICT_INACCURATE) fprintf(out, " max err %.2f x fp32 bound", ratio);
+        if (detail[0]) fprintf(out, " %s", detail);
+        fputc('\n', out);
+    }
+    if (!ran) {
+        fprintf(stderr, "fp4doctor replay: no backend ran (names: see fp4doctor backends)\n");
+        if (rc == FP4D_EXIT_OK) rc = opt->backends ? FP4D_EXIT_USAGE : FP4D_EXIT_FAILED;
+    }
+done:
+    free(smp);
+    free(bdeq);
+    free(o1);
+    free(o2);
+    free(A.data);
+    free(A.scales);
+    free(A.deq);
+    free(L.codes);
+    free(L.scales);
+    return rc;
+}

@@ -1,0 +1,21 @@
+/* replay.h - `fp4doctor replay`: one checkpoint layer's real weights through every backend
+ * against the exact reference. Internal to the library and the CLI. */
+#ifndef FP4D_SCAN_REPLAY_H
+#define FP4D_SCAN_REPLAY_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+typedef struct fp4d_replay_options {
+    const char *checkpoint; /* directory or .safetensors file */
+    const char *layer;      /* module name, or any of its tensors' names */
+    const char *backends;   /* comma-separated names; NULL = every registered backend */
+    int64_t     rows;       /* activation rows M */
+    uint64_t    seed;
+} fp4d_replay_options;
+
+/* Runs the replay and prints the verdicts. Returns a CLI exit code (enum fp4d_exit). */
+int fp4d_replay_run(const fp4d_replay_options *opt, FILE *out, bool color);
+
+#endif

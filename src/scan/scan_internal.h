@@ -1,0 +1,53 @@
+/* Internal to src/scan/: the forgiving header reader, name helpers, config accessors. */
+#ifndef FP4D_SCAN_INTERNAL_H
+#define FP4D_SCAN_INTERNAL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "fp4doctor/io.h"
+#include "fp4doctor/scan.h"
+
+/* ---- quant_config.c ---- */
+bool        scan_qc_format_known(const fp4d_quant_config *c);
+bool        scan_qc_input_scales(const fp4d_quant_config *c);
+bool        scan_qc_is_mx(const fp4d_quant_config *c);
+const char *scan_qc_algo(const fp4d_quant_config *c);
+
+/* ---- header.c: a forgiving safetensors header reader ----
+ * The strict reader (io.h) says whether a file is valid. When it is not, the scanner still
+ * wants the tensor names (so one bad shard does not turn into hundreds of "missing"
+ * findings elsewhere) and the name of the tensor that broke the rule. */
+typedef struct scan_hdr_entry {
+    char         *name;
+    bool          dtype_known;
+    fp4d_st_dtype dtype;
+    int32_t       ndim;
+    int64_t       shape[FP4D_ST_MAX_DIMS];
+    uint64_t      begin, end;
+    bool          entry_ok;   /* dtype, shape, offsets and byte size consistent on its own */
+} scan_hdr_entry;
+
+typedef struct scan_hdr {
+    scan_hdr_entry *entries;
+    size_t          count;
+    bool            parsed;           /* JSON parsed into entries */
+    bool            object_complete;  /* a whole top-level JSON object lies in the bytes given */
+    const char     *first_bad;        /* entry breaking a rule, if any (points into entries) */
+    char          **dup_names;        /* top-level keys seen more than once */
+    uint64_t       *dup_counts;
+    size_t          num_dups;
+} scan_hdr;
+
+/* hdr: the header bytes available (may be cut short); data_len: bytes of the file after the
+ * header (for the truncation rule). Never reads past hdr_len. Returns NOMEM only. */
+fp4d_status scan_hdr_parse(const uint8_t *hdr, size_t hdr_len, uint64_t data_len, scan_hdr *out);
+void        scan_hdr_free(scan_hdr *h);
+
+/* ---- names ---- */
+/* Layer and expert numbers from "layers.<L>." / "h.<L>." / "block.<L>." and "experts.<E>.";
+ * -1 when absent. */
+int64_t scan_name_layer(const char *name);
+int64_t scan_name_expert(const char *name);
+
+#endif

@@ -1,0 +1,534 @@
+/*
+ * test_scan.c - the checkpoint doctor on generated checkpoints: clean ones of every format
+ * yield no finding at all, and each planted defect yields exactly the expected findings
+ * (code, tensor, count) and nothing else. Expected counts are what was planted, or are
+ * computed here from the clean files (shard headers, the index), not taken from the scanner.
+ */
+#include <fcntl.h>
+#include <ftw.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+#include <jansson.h>
+
+#include "fp4doctor/io.h"
+#include "fp4doctor/scan.h"
+
+/* ---- helpers ------------------------------------------------------------------------------- */
+
+static int rm_entry(const char *p, const struct stat *sb, int flag, struct FTW *ftw)
+{
+    (void)sb;
+    (void)flag;
+    (void)ftw;
+    return remove(p);
+}
+
+static char *make_tmpdir(void)
+{
+    char tmpl[] = "/tmp/fp4d-test-scan-XXXXXX";
+    char *d = mkdtemp(tmpl);
+    assert_non_null(d);
+    return strdup(d);
+}
+
+static void rm_tree(char *dir)
+{
+    nftw(dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+    free(dir);
+}
+
+typedef struct expect {
+    fp4d_finding_code code;
+    const char       *tensor; /* NULL: a finding about a whole file */
+    uint64_t          count;
+} expect;
+
+static void print_findings(const fp4d_scan_report *r)
+{
+    for (size_t i = 0; i < fp4d_scan_report_count(r); i++) {
+        const fp4d_scan_finding *f = fp4d_scan_report_get(r, i);
+        print_message("  found %s %s count=%llu (%s)\n", fp4d_finding_code_name(f->code), f->tensor ? f->tensor : "-",
+                      (unsigned long long)f->count, f->message);
+    }
+}
+
+/* Every finding is expected and every expectation is found exactly once. */
+static void assert_findings(const fp4d_scan_report *r, const expect *e, size_t n)
+{
+    size_t got = fp4d_scan_report_count(r);
+    bool ok = got == n;
+    for (size_t k = 0; k < n && ok; k++) {
+        size_t matches = 0;
+        for (size_t i = 0; i < got; i++) {
+            const fp4d_scan_finding *f = fp4d_scan_report_get(r, i);
+            bool same_tensor = (!e[k].tensor && !f->tensor) || (e[k].tensor && f->tensor && !strcmp(e[k].tensor, f->tensor));
+            matches += f->code == e[k].code && same_tensor && f->count == e[k].count;
+        }
+        ok = matches == 1;
+    }
+    if (!ok) {
+        print_message("expected %zu finding(s):\n", n);
+        for (size_t k = 0; k < n; k++)
+            print_message("  want  %s %s count=%llu\n", fp4d_finding_code_name(e[k].code), e[k].tensor ? e[k].tensor : "-",
+                          (unsigned long long)e[k].count);
+        print_findings(r);
+    }
+    assert_true(ok);
+}
+
+static fp4d_scan_report *scan(const char *path, bool scales_only)
+{
+    fp4d_scan_options opt = {0};
+    opt.scales_only = scales_only;
+    opt.threads = 2;
+    fp4d_scan_report *r = NULL;
+    fp4d_status st = fp4d_scan_path(path, &opt, &r);
+    if (st != FP4D_STATUS_OK) print_message("scan failed: %s\n", fp4d_last_error());
+    assert_int_equal(st, FP4D_STATUS_OK);
+    return r;
+}
+
+/* Generates a checkpoint with at most one plant and checks the findings. */
+static void check_plant(fp4d_ckpt_format fmt, int experts, fp4d_ckpt_defect d, const char *tensor, uint64_t count,
+                        const expect *e, size_t n)
+{
+    char *dir = make_tmpdir();
+    fp4d_ckpt_gen_params p;
+    fp4d_ckpt_gen_defaults(&p, fmt);
+    if (experts >= 0) p.experts = experts;
+    fp4d_ckpt_plant pl = {d, tensor, count};
+    p.plants = &pl;
+    p.num_plants = tensor ? 1 : 0;
+    fp4d_status st = fp4d_ckpt_generate(dir, &p);
+    if (st != FP4D_STATUS_OK) print_message("generate: %s\n", fp4d_last_error());
+    assert_int_equal(st, FP4D_STATUS_OK);
+    fp4d_scan_report *r = scan(dir, false);
+    assert_findings(r, e, n);
+    fp4d_scan_report_free(r);
+    rm_tree(dir);
+}
+
+/* ---- clean checkpoints ------------------------------------------------------------------------- */
+
+static void clean_case(fp4d_ckpt_format fmt, int experts, const char *format_name, const char *writer)
+{
+    char *dir = make_tmpdir();
+    fp4d_ckpt_gen_params p;
+    fp4d_ckpt_gen_defaults(&p, fmt);
+    if (experts >= 0) p.experts = experts;
+    assert_int_equal(fp4d_ckpt_generate(dir, &p), FP4D_STATUS_OK);
+    for (int scales_only = 0; scales_only < 2; scales_only++) {
+        fp4d_scan_report *r = scan(dir, scales_only);
+        assert_findings(r, NULL, 0);
+        assert_string_equal(fp4d_scan_report_format(r), format_name);
+        if (writer && !scales_only) assert_string_equal(fp4d_scan_report_writer(r), writer);
+        fp4d_scan_report_free(r);
+    }
+    rm_tree(dir);
+}
+
+static void test_clean_modelopt(void **s) { (void)s; clean_case(FP4D_CKPT_MODELOPT_NVFP4, 0, "modelopt-nvfp4", "modelopt"); }
+static void test_clean_modelopt_moe(void **s) { (void)s; clean_case(FP4D_CKPT_MODELOPT_NVFP4, 4, "modelopt-nvfp4", "modelopt"); }
+static void test_clean_ct_nvfp4(void **s) { (void)s; clean_case(FP4D_CKPT_CT_NVFP4, 0, "compressed-tensors-nvfp4", "compressed-tensors"); }
+static void test_clean_ct_mxfp4(void **s) { (void)s; clean_case(FP4D_CKPT_CT_MXFP4, 0, "compressed-tensors-mxfp4", NULL); }
+static void test_clean_gptoss(void **s) { (void)s; clean_case(FP4D_CKPT_GPTOSS_MXFP4, -1, "gpt-oss-mxfp4", NULL); }
+static void test_clean_plain(void **s) { (void)s; clean_case(FP4D_CKPT_UNQUANTIZED, 0, "unquantized", NULL); }
+
+/* Zero-block bytes of other writers are legitimate too (spec §4.8): 0x00 and 0x08. */
+static void test_clean_other_zero_bytes(void **s)
+{
+    (void)s;
+    static const struct { int byte; const char *writer; } cases[] = {{0x00, "trtllm-or-flashinfer"}, {0x08, "torchao"}};
+    for (size_t i = 0; i < 2; i++) {
+        char *dir = make_tmpdir();
+        fp4d_ckpt_gen_params p;
+        fp4d_ckpt_gen_defaults(&p, FP4D_CKPT_MODELOPT_NVFP4);
+        p.zero_block_byte = cases[i].byte;
+        p.zero_block_fraction = 0.2;
+        assert_int_equal(fp4d_ckpt_generate(dir, &p), FP4D_STATUS_OK);
+        fp4d_scan_report *r = scan(dir, false);
+        assert_findings(r, NULL, 0);
+        assert_string_equal(fp4d_scan_report_writer(r), cases[i].writer);
+        fp4d_scan_report_free(r);
+        r = scan(dir, true);
+        assert_int_equal(fp4d_scan_report_count_at_least(r, FP4D_SCAN_ERROR), 0);
+        fp4d_scan_report_free(r);
+        rm_tree(dir);
+    }
+}
+
+/* ---- block scales --------------------------------------------------------------------------------- */
+
+#define L0 "model.layers.0."
+#define L1 "model.layers.1."
+
+static void test_scale_nan(void **s)
+{
+    (void)s;
+    expect e[] = {{FP4D_FINDING_SCALE_NAN, L1 "mlp.down_proj.weight_scale", 7}};
+    check_plant(FP4D_CKPT_MODELOPT_NVFP4, 0, FP4D_DEFECT_SCALE_NAN, e[0].tensor, 7, e, 1);
+    expect c[] = {{FP4D_FINDING_SCALE_NAN, L0 "self_attn.q_proj.weight_scale", 3}};
+    check_plant(FP4D_CKPT_CT_NVFP4, 0, FP4D_DEFECT_SCALE_NAN, c[0].tensor, 3, c, 1);
+    expect m[] = {{FP4D_FINDING_SCALE_NAN, L0 "mlp.up_proj.weight_scale", 5}};
+    check_plant(FP4D_CKPT_CT_MXFP4, 0, FP4D_DEFECT_SCALE_NAN, m[0].tensor, 5, m, 1);
+    expect g[] = {{FP4D_FINDING_SCALE_NAN, L1 "mlp.experts.down_proj_scales", 9}};
+    check_plant(FP4D_CKPT_GPTOSS_MXFP4, -1, FP4D_DEFECT_SCALE_NAN, g[0].tensor, 9, g, 1);
+}
+
+static void test_scale_negative_and_zero(void **s)
+{
+    (void)s;
+    expect n[] = {{FP4D_FINDING_SCALE_NEGATIVE, L0 "self_attn.o_proj.weight_scale", 4}};
+    check_plant(FP4D_CKPT_MODELOPT_NVFP4, 0, FP4D_DEFECT_SCALE_NEGATIVE, n[0].tensor, 4, n, 1);
+    expect z[] = {{FP4D_FINDING_SCALE_ZERO_NONZERO_DATA, L0 "mlp.gate_proj.weight_scale", 6}};
+    check_plant(FP4D_CKPT_CT_NVFP4, 0, FP4D_DEFECT_SCALE_ZERO, z[0].tensor, 6, z, 1);
+    expect o[] = {{FP4D_FINDING_SCALE_OUTLIER, L1 "self_attn.k_proj.weight_scale", 2}};
+    check_plant(FP4D_CKPT_MODELOPT_NVFP4, 0, FP4D_DEFECT_SCALE_OUTLIER, o[0].tensor, 2, o, 1);
+    expect og[] = {{FP4D_FINDING_SCALE_OUTLIER, L0 "mlp.experts.gate_up_proj_scales", 3}};
+    check_plant(FP4D_CKPT_GPTOSS_MXFP4, -1, FP4D_DEFECT_SCALE_OUTLIER, og[0].tensor, 3, og, 1);
+}
+
+/* A fused gpt-oss expert tensor: the per-expert split adds up and names the right experts. */
+static void test_per_expert_counts(void **s)
+{
+    (void)s;
+    char *dir = make_tmpdir();
+    fp4d_ckpt_gen_params p;
+    fp4d_ckpt_gen_defaults(&p, FP4D_CKPT_GPTOSS_MXFP4);
+    /* 4 experts x 2*128 rows x 2 blocks = 2048 scales; 8 NaNs spread evenly land 2 per expert. */
+    fp4d_ckpt_plant pl = {FP4D_DEFECT_SCALE_NAN, L0 "mlp.experts.gate_up_proj_scales", 8};
+    p.plants = &pl;
+    p.num_plants = 1;
+    assert_int_equal(fp4d_ckpt_generate(dir, &p), FP4D_STATUS_OK);
+    fp4d_scan_report *r = scan(dir, false);
+    assert_int_equal(fp4d_scan_report_count(r), 1);
+    const fp4d_scan_finding *f = fp4d_scan_report_get(r, 0);
+    assert_int_equal(f->layer, 0);
+    uint64_t sum = 0;
+    for (size_t i = 0; i < f->num_experts; i++) {
+        assert_in_range(f->experts[i].expert, 0, 3);
+        sum += f->experts[i].count;
+    }
+    assert_int_equal(sum, 8);
+    assert_true(f->num_experts >= 2);
+    char *json = NULL;
+    assert_int_equal(fp4d_scan_report_json(r, &json), FP4D_STATUS_OK);
+    json_t *root = json_loads(json, 0, NULL);
+    assert_non_null(root);
+    assert_int_equal(json_integer_value(json_object_get(root, "schema_version")), FP4D_SCAN_SCHEMA_VERSION);
+    json_t *experts = json_object_get(root, "experts");
+    assert_int_equal(json_array_size(experts), f->num_experts);
+    json_t *layers = json_object_get(root, "layers");
+    assert_int_equal(json_array_size(layers), 1);
+    json_t *c = json_object_get(json_object_get(json_array_get(layers, 0), "counts"), "SCALE_NAN");
+    assert_int_equal(json_integer_value(c), 8);
+    json_decref(root);
+    free(json);
+    fp4d_scan_report_free(r);
+    rm_tree(dir);
+}
+
+/* ---- global and input scales ---------------------------------------------------------------------- */
+
+static void test_global_scales(void **s)
+{
+    (void)s;
+    expect a[] = {{FP4D_FINDING_GLOBAL_SCALE_NONFINITE, L0 "mlp.down_proj.weight_scale_2", 1}};
+    check_plant(FP4D_CKPT_MODELOPT_NVFP4, 0, FP4D_DEFECT_GLOBAL_NAN, a[0].tensor, 0, a, 1);
+    expect b[] = {{FP4D_FINDING_GLOBAL_SCALE_NONPOSITIVE, L1 "self_attn.o_proj.input_global_scale", 1}};
+    check_plant(FP4D_CKPT_CT_NVFP4, 0, FP4D_DEFECT_GLOBAL_ZERO, b[0].tensor, 0, b, 1);
+    expect c[] = {{FP4D_FINDING_GLOBAL_SCALE_CONVENTION, L0 "self_attn.o_proj.weight_scale_2", 1}};
+    check_plant(FP4D_CKPT_MODELOPT_NVFP4, 0, FP4D_DEFECT_GLOBAL_RECIPROCAL, c[0].tensor, 0, c, 1);
+    expect d[] = {{FP4D_FINDING_GLOBAL_SCALE_CONVENTION, L1 "mlp.down_proj.weight_global_scale", 1}};
+    check_plant(FP4D_CKPT_CT_NVFP4, 0, FP4D_DEFECT_GLOBAL_RECIPROCAL, d[0].tensor, 0, d, 1);
+    expect i[] = {{FP4D_FINDING_GLOBAL_SCALE_CONVENTION, L0 "self_attn.o_proj.input_scale", 1}};
+    check_plant(FP4D_CKPT_MODELOPT_NVFP4, 0, FP4D_DEFECT_GLOBAL_RECIPROCAL, i[0].tensor, 0, i, 1);
+}
+
+static void test_fused_mismatch(void **s)
+{
+    (void)s;
+    expect a[] = {{FP4D_FINDING_FUSED_SCALE_MISMATCH, L0 "self_attn.k_proj.weight_scale_2", 1}};
+    check_plant(FP4D_CKPT_MODELOPT_NVFP4, 0, FP4D_DEFECT_FUSED_MISMATCH, a[0].tensor, 0, a, 1);
+    expect b[] = {{FP4D_FINDING_FUSED_SCALE_MISMATCH, L1 "mlp.up_proj.input_global_scale", 1}};
+    check_plant(FP4D_CKPT_CT_NVFP4, 0, FP4D_DEFECT_FUSED_MISMATCH, b[0].tensor, 0, b, 1);
+    /* q is the odd one out of three: the majority decides, not the order. */
+    expect c[] = {{FP4D_FINDING_FUSED_SCALE_MISMATCH, L1 "self_attn.q_proj.weight_scale_2", 1}};
+    check_plant(FP4D_CKPT_MODELOPT_NVFP4, 0, FP4D_DEFECT_FUSED_MISMATCH, c[0].tensor, 0, c, 1);
+    /* Experts: a warning, still the same finding. */
+    expect d[] = {{FP4D_FINDING_FUSED_SCALE_MISMATCH, L0 "mlp.experts.2.up_proj.weight_scale_2", 1}};
+    check_plant(FP4D_CKPT_MODELOPT_NVFP4, 4, FP4D_DEFECT_FUSED_MISMATCH, d[0].tensor, 0, d, 1);
+}
+
+/* ---- structure ------------------------------------------------------------------------------------ */
+
+static void test_companions_and_orphans(void **s)
+{
+    (void)s;
+    expect a[] = {{FP4D_FINDING_MISSING_COMPANION, L0 "self_attn.v_proj.weight", 1}};
+    check_plant(FP4D_CKPT_MODELOPT_NVFP4, 0, FP4D_DEFECT_DROP_TENSOR, L0 "self_attn.v_proj.weight_scale_2", 0, a, 1);
+    expect b[] = {{FP4D_FINDING_MISSING_COMPANION, L1 "mlp.experts.down_proj_blocks", 1}};
+    check_plant(FP4D_CKPT_GPTOSS_MXFP4, -1, FP4D_DEFECT_DROP_TENSOR, L1 "mlp.experts.down_proj_scales", 0, b, 1);
+    expect c[] = {{FP4D_FINDING_ORPHAN_SCALE, L0 "mlp.down_proj.weight_scale", 1},
+                  {FP4D_FINDING_ORPHAN_SCALE, L0 "mlp.down_proj.weight_global_scale", 1},
+                  {FP4D_FINDING_ORPHAN_SCALE, L0 "mlp.down_proj.input_global_scale", 1}};
+    check_plant(FP4D_CKPT_CT_NVFP4, 0, FP4D_DEFECT_DROP_TENSOR, L0 "mlp.down_proj.weight_packed", 0, c, 3);
+    expect d[] = {{FP4D_FINDING_ORPHAN_SCALE, L1 "mlp.fc9.weight_scale", 1}};
+    check_plant(FP4D_CKPT_MODELOPT_NVFP4, 0, FP4D_DEFECT_ADD_ORPHAN, d[0].tensor, 0, d, 1);
+}
+
+static void test_dtype_and_shape(void **s)
+{
+    (void)s;
+    expect a[] = {{FP4D_FINDING_DTYPE_MISMATCH, L0 "self_attn.q_proj.weight_scale", 1}};
+    check_plant(FP4D_CKPT_MODELOPT_NVFP4, 0, FP4D_DEFECT_WRONG_DTYPE, a[0].tensor, 0, a, 1);
+    expect b[] = {{FP4D_FINDING_DTYPE_MISMATCH, L1 "mlp.gate_proj.weight_packed", 1}};
+    check_plant(FP4D_CKPT_CT_NVFP4, 0, FP4D_DEFECT_WRONG_DTYPE, b[0].tensor, 0, b, 1);
+    expect c[] = {{FP4D_FINDING_DTYPE_MISMATCH, L0 "mlp.up_proj.weight_scale_2", 1}};
+    check_plant(FP4D_CKPT_MODELOPT_NVFP4, 0, FP4D_DEFECT_WRONG_DTYPE, c[0].tensor, 0, c, 1);
+    expect d[] = {{FP4D_FINDING_SHAPE_MISMATCH, L1 "self_attn.o_proj.weight_scale", 1}};
+    check_plant(FP4D_CKPT_MODELOPT_NVFP4, 0, FP4D_DEFECT_WRONG_SHAPE, d[0].tensor, 0, d, 1);
+    expect e[] = {{FP4D_FINDING_SHAPE_MISMATCH, L0 "mlp.experts.down_proj_scales", 1}};
+    check_plant(FP4D_CKPT_GPTOSS_MXFP4, -1, FP4D_DEFECT_WRONG_SHAPE, e[0].tensor, 0, e, 1);
+}
+
+static void test_nonfinite(void **s)
+{
+    (void)s;
+    expect a[] = {{FP4D_FINDING_NONFINITE_VALUES, L1 "post_attention_layernorm.weight", 3}};
+    check_plant(FP4D_CKPT_MODELOPT_NVFP4, 0, FP4D_DEFECT_NONFINITE, a[0].tensor, 3, a, 1);
+    expect b[] = {{FP4D_FINDING_NONFINITE_VALUES, "model.embed_tokens.weight", 11}};
+    check_plant(FP4D_CKPT_UNQUANTIZED, 0, FP4D_DEFECT_NONFINITE, b[0].tensor, 11, b, 1);
+    expect c[] = {{FP4D_FINDING_NONFINITE_VALUES, L0 "mlp.experts.gate_up_proj_bias", 4}};
+    check_plant(FP4D_CKPT_GPTOSS_MXFP4, -1, FP4D_DEFECT_NONFINITE, c[0].tensor, 4, c, 1);
+}
+
+static void test_exclusions(void **s)
+{
+    (void)s;
+    expect a[] = {{FP4D_FINDING_EXCLUDED_BUT_QUANTIZED, L1 "mlp.up_proj.weight", 1}};
+    check_plant(FP4D_CKPT_MODELOPT_NVFP4, 0, FP4D_DEFECT_EXCLUDE_QUANTIZED, a[0].tensor, 0, a, 1);
+    expect b[] = {{FP4D_FINDING_EXCLUDED_BUT_QUANTIZED, L0 "mlp.experts.down_proj_blocks", 1}};
+    check_plant(FP4D_CKPT_GPTOSS_MXFP4, -1, FP4D_DEFECT_EXCLUDE_QUANTIZED, b[0].tensor, 0, b, 1);
+    expect c[] = {{FP4D_FINDING_QUANTIZED_BUT_EXCLUDED, L1 "self_attn.o_proj.weight", 1}};
+    check_plant(FP4D_CKPT_CT_NVFP4, 0, FP4D_DEFECT_UNQUANTIZE, L1 "self_attn.o_proj.weight_packed", 0, c, 1);
+    expect d[] = {{FP4D_FINDING_QUANTIZED_BUT_EXCLUDED, L0 "mlp.experts.gate_up_proj", 1}};
+    check_plant(FP4D_CKPT_GPTOSS_MXFP4, -1, FP4D_DEFECT_UNQUANTIZE, L0 "mlp.experts.gate_up_proj_blocks", 0, d, 1);
+}
+
+/* ---- shards and the index ------------------------------------------------------------------------- */
+
+static void test_index(void **s)
+{
+    (void)s;
+    expect a[] = {{FP4D_FINDING_INDEX_MISSING_TENSOR, L0 "mlp.down_proj.weight", 1}};
+    check_plant(FP4D_CKPT_MODELOPT_NVFP4, 0, FP4D_DEFECT_INDEX_OMIT, a[0].tensor, 0, a, 1);
+    expect b[] = {{FP4D_FINDING_INDEX_WRONG_FILE, L1 "input_layernorm.weight", 1}};
+    check_plant(FP4D_CKPT_MODELOPT_NVFP4, 0, FP4D_DEFECT_INDEX_WRONG_FILE, b[0].tensor, 0, b, 1);
+    expect c[] = {{FP4D_FINDING_DUPLICATE_TENSOR, L0 "self_attn.q_proj.weight_scale", 2}};
+    check_plant(FP4D_CKPT_CT_NVFP4, 0, FP4D_DEFECT_DUPLICATE, c[0].tensor, 0, c, 1);
+}
+
+/* Tensors the index maps to one shard, counted from the index file itself. */
+static uint64_t index_count_for(const char *dir, const char *shard)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
+    json_t *root = json_load_file(path, 0, NULL);
+    assert_non_null(root);
+    const char *k;
+    json_t *v;
+    uint64_t n = 0;
+    json_object_foreach(json_object_get(root, "weight_map"), k, v) n += !strcmp(json_string_value(v), shard);
+    json_decref(root);
+    return n;
+}
+
+static void test_missing_and_truncated_shards(void **s)
+{
+    (void)s;
+    const char *shard1 = "model-00002-of-00002.safetensors";
+    /* A deleted shard: one finding, counting the index entries that point at it. */
+    char *dir = make_tmpdir();
+    fp4d_ckpt_gen_params p;
+    fp4d_ckpt_gen_defaults(&p, FP4D_CKPT_MODELOPT_NVFP4);
+    fp4d_ckpt_plant pl = {FP4D_DEFECT_DELETE_SHARD, L1 "mlp.up_proj.weight", 0};
+    p.plants = &pl;
+    p.num_plants = 1;
+    assert_int_equal(fp4d_ckpt_generate(dir, &p), FP4D_STATUS_OK);
+    fp4d_scan_report *r = scan(dir, false);
+    expect e[] = {{FP4D_FINDING_INDEX_MISSING_FILE, NULL, index_count_for(dir, shard1)}};
+    assert_true(e[0].count > 10);
+    assert_findings(r, e, 1);
+    fp4d_scan_report_free(r);
+    rm_tree(dir);
+
+    /* A shard cut inside one tensor: that tensor and every later one (in file order) are lost.
+     * The clean shard's header says which ones come later. */
+    const char *cut = L1 "mlp.down_proj.weight";
+    dir = make_tmpdir();
+    p.num_plants = 0;
+    assert_int_equal(fp4d_ckpt_generate(dir, &p), FP4D_STATUS_OK);
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s", dir, shard1);
+    fp4d_st_open_result res;
+    fp4d_st_file *f = fp4d_st_open(path, &res);
+    assert_non_null(f);
+    const fp4d_st_tensor *ct = fp4d_st_find(f, cut);
+    assert_non_null(ct);
+    uint64_t later = 0;
+    for (size_t i = 0; i < fp4d_st_count(f); i++) later += fp4d_st_get(f, i)->begin >= ct->begin && fp4d_st_get(f, i)->nbytes;
+    fp4d_st_close(f);
+    pl = (fp4d_ckpt_plant){FP4D_DEFECT_TRUNCATE_SHARD, cut, 0};
+    p.num_plants = 1;
+    assert_int_equal(fp4d_ckpt_generate(dir, &p), FP4D_STATUS_OK);
+    r = scan(dir, false);
+    expect t[] = {{FP4D_FINDING_FILE_TRUNCATED, cut, later}};
+    assert_findings(r, t, 1);
+    fp4d_scan_report_free(r);
+    rm_tree(dir);
+}
+
+static void test_bad_headers(void **s)
+{
+    (void)s;
+    expect a[] = {{FP4D_FINDING_HEADER_INVALID, NULL, 1}};
+    check_plant(FP4D_CKPT_MODELOPT_NVFP4, 0, FP4D_DEFECT_HEADER_GARBAGE, L0 "mlp.up_proj.weight_scale", 0, a, 1);
+    check_plant(FP4D_CKPT_CT_MXFP4, 0, FP4D_DEFECT_HEADER_LENGTH, L1 "mlp.up_proj.weight_scale", 0, a, 1);
+}
+
+/* ---- configs ---------------------------------------------------------------------------------------- */
+
+static void test_quant_config(void **s)
+{
+    (void)s;
+    const char *mo = "{\"producer\":{\"name\":\"modelopt\"},\"quantization\":{\"quant_algo\":\"NVFP4\","
+                     "\"exclude_modules\":[\"lm_head\",\"model.layers.0.mlp*\",\"*.router\"]}}";
+    fp4d_quant_config *c = NULL;
+    assert_int_equal(fp4d_quant_config_parse(mo, strlen(mo), "hf_quant_config.json", &c), FP4D_STATUS_OK);
+    assert_int_equal(fp4d_quant_config_format(c), FP4D_CKPT_MODELOPT_NVFP4);
+    assert_true(fp4d_quant_config_is_excluded(c, "lm_head"));
+    assert_true(fp4d_quant_config_is_excluded(c, "model.layers.0.mlp.down_proj"));
+    assert_true(fp4d_quant_config_is_excluded(c, "model.layers.7.mlp.router"));
+    assert_false(fp4d_quant_config_is_excluded(c, "model.layers.1.mlp.down_proj"));
+    assert_false(fp4d_quant_config_is_excluded(c, "model.layers.0.self_attn.q_proj"));
+    fp4d_quant_config_free(c);
+
+    const char *mixed = "{\"quantization\":{\"quant_algo\":\"MIXED_PRECISION\",\"quantized_layers\":{"
+                        "\"model.layers.0.mlp.down_proj\":{\"quant_algo\":\"NVFP4\",\"group_size\":16},"
+                        "\"model.layers.0.self_attn.q_proj\":{\"quant_algo\":\"FP8\"}}}}";
+    assert_int_equal(fp4d_quant_config_parse(mixed, strlen(mixed), "hf_quant_config.json", &c), FP4D_STATUS_OK);
+    assert_true(fp4d_quant_config_is_mixed(c));
+    assert_false(fp4d_quant_config_is_excluded(c, "model.layers.0.mlp.down_proj"));
+    assert_true(fp4d_quant_config_is_excluded(c, "model.layers.0.self_attn.q_proj")); /* FP8, not FP4 */
+    assert_true(fp4d_quant_config_is_excluded(c, "model.layers.1.mlp.down_proj"));
+    fp4d_quant_config_free(c);
+
+    const char *ct = "{\"hidden_size\":8,\"quantization_config\":{\"quant_method\":\"compressed-tensors\","
+                     "\"format\":\"nvfp4-pack-quantized\",\"ignore\":[\"lm_head\",\"re:.*mlp\\\\.gate$\","
+                     "\"re:model\\\\.layers\\\\.\\\\d+\\\\.self_attn\\\\.o_proj\"]}}";
+    assert_int_equal(fp4d_quant_config_parse(ct, strlen(ct), "config.json", &c), FP4D_STATUS_OK);
+    assert_int_equal(fp4d_quant_config_format(c), FP4D_CKPT_CT_NVFP4);
+    assert_true(fp4d_quant_config_is_excluded(c, "model.layers.3.mlp.gate"));
+    assert_false(fp4d_quant_config_is_excluded(c, "model.layers.3.mlp.gate_proj"));
+    assert_true(fp4d_quant_config_is_excluded(c, "model.layers.12.self_attn.o_proj"));
+    assert_false(fp4d_quant_config_is_excluded(c, "model.layers.12.self_attn.q_proj"));
+    fp4d_quant_config_free(c);
+
+    const char *plain = "{\"hidden_size\":8}";
+    assert_int_equal(fp4d_quant_config_parse(plain, strlen(plain), "config.json", &c), FP4D_STATUS_OK);
+    assert_int_equal(fp4d_quant_config_format(c), FP4D_CKPT_UNQUANTIZED);
+    fp4d_quant_config_free(c);
+    assert_int_equal(fp4d_quant_config_parse("{\"a\":", 5, "config.json", &c), FP4D_STATUS_PARSE);
+    assert_null(c);
+}
+
+/* ---- the CLI ---------------------------------------------------------------------------------------- */
+
+static int run_cli(const char *args)
+{
+    const char *bin = getenv("FP4DOCTOR_BIN");
+    if (!bin) return -1;
+    char cmd[8192];
+    snprintf(cmd, sizeof cmd, "%s %s >/dev/null 2>&1", bin, args);
+    int rc = system(cmd);
+    return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+}
+
+static void test_cli_exit_codes(void **s)
+{
+    (void)s;
+    if (!getenv("FP4DOCTOR_BIN")) skip();
+    char *dir = make_tmpdir();
+    fp4d_ckpt_gen_params p;
+    fp4d_ckpt_gen_defaults(&p, FP4D_CKPT_MODELOPT_NVFP4);
+    assert_int_equal(fp4d_ckpt_generate(dir, &p), FP4D_STATUS_OK);
+    char args[4096];
+    snprintf(args, sizeof args, "scan %s --threads 2", dir);
+    assert_int_equal(run_cli(args), 0);
+    snprintf(args, sizeof args, "scan %s --scales-only --json %s/report.json", dir, dir);
+    assert_int_equal(run_cli(args), 0);
+    snprintf(args, sizeof args, "%s/report.json", dir);
+    json_t *root = json_load_file(args, 0, NULL);
+    assert_non_null(root);
+    assert_int_equal(json_integer_value(json_object_get(root, "schema_version")), FP4D_SCAN_SCHEMA_VERSION);
+    assert_string_equal(json_string_value(json_object_get(root, "format")), "modelopt-nvfp4");
+    json_decref(root);
+    fp4d_ckpt_plant pl = {FP4D_DEFECT_SCALE_NAN, L0 "mlp.up_proj.weight_scale", 2};
+    p.plants = &pl;
+    p.num_plants = 1;
+    assert_int_equal(fp4d_ckpt_generate(dir, &p), FP4D_STATUS_OK);
+    snprintf(args, sizeof args, "scan %s", dir);
+    assert_int_equal(run_cli(args), 1);
+    snprintf(args, sizeof args, "scan %s/does-not-exist", dir);
+    assert_int_equal(run_cli(args), 3);
+    /* replay: real weights through the backends; a faulty one must fail, an unknown layer is
+     * unreadable input. */
+    snprintf(args, sizeof args, "replay %s --layer " L1 "mlp.down_proj --backend ref,cpu", dir);
+    assert_int_equal(run_cli(args), 0);
+    snprintf(args, sizeof args, "replay %s --layer " L0 "self_attn.q_proj.weight --backend faulty-nibble-swap", dir);
+    assert_int_equal(run_cli(args), 1);
+    snprintf(args, sizeof args, "replay %s --layer model.layers.9.mlp.nothing", dir);
+    assert_int_equal(run_cli(args), 3);
+    assert_int_equal(run_cli("replay /tmp"), 2);
+    assert_int_equal(run_cli("scan"), 2);
+    assert_int_equal(run_cli("scan --threads x /tmp"), 2);
+    rm_tree(dir);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_clean_modelopt),
+        cmocka_unit_test(test_clean_modelopt_moe),
+        cmocka_unit_test(test_clean_ct_nvfp4),
+        cmocka_unit_test(test_clean_ct_mxfp4),
+        cmocka_unit_test(test_clean_gptoss),
+        cmocka_unit_test(test_clean_plain),
+        cmocka_unit_test(test_clean_other_zero_bytes),
+        cmocka_unit_test(test_scale_nan),
+        cmocka_unit_test(test_scale_negative_and_zero),
+        cmocka_unit_test(test_per_expert_counts),
+        cmocka_unit_test(test_global_scales),
+        cmocka_unit_test(test_fused_mismatch),
+        cmocka_unit_test(test_companions_and_orphans),
+        cmocka_unit_test(test_dtype_and_shape),
+        cmocka_unit_test(test_nonfinite),
+        cmocka_unit_test(test_exclusions),
+        cmocka_unit_test(test_index),
+        cmocka_unit_test(test_missing_and_truncated_shards),
+        cmocka_unit_test(test_bad_headers),
+        cmocka_unit_test(test_quant_config),
+        cmocka_unit_test(test_cli_exit_codes),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

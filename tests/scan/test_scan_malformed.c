@@ -1,0 +1,219 @@
+/*
+ * test_scan_malformed.c - hand-made broken safetensors files and checkpoint folders: each
+ * yields the documented finding (or a clear error), never a crash. Run under `make asan` it
+ * also shows no read out of bounds.
+ */
+#include <ftw.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "fp4doctor/scan.h"
+
+static char *tmpdir;
+
+static int rm_entry(const char *p, const struct stat *sb, int flag, struct FTW *ftw)
+{
+    (void)sb;
+    (void)flag;
+    (void)ftw;
+    return remove(p);
+}
+
+static int setup(void **s)
+{
+    (void)s;
+    char tmpl[] = "/tmp/fp4d-test-malformed-XXXXXX";
+    tmpdir = strdup(mkdtemp(tmpl));
+    return tmpdir ? 0 : -1;
+}
+
+static int teardown(void **s)
+{
+    (void)s;
+    nftw(tmpdir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+    free(tmpdir);
+    return 0;
+}
+
+/* Writes 8-byte length (header_len_field, or the real length when ~0) + header + data_len
+ * bytes of 0x11, then cuts the file to total_len when total_len != ~0. */
+static char *write_st(const char *name, const char *header, uint64_t header_len_field, size_t data_len, uint64_t total_len)
+{
+    static char path[8400];
+    snprintf(path, sizeof path, "%s/%s", tmpdir, name);
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    uint64_t n = header_len_field == ~0ull ? strlen(header) : header_len_field;
+    for (int i = 0; i < 8; i++) fputc((int)((n >> (8 * i)) & 0xFF), f);
+    fwrite(header, 1, strlen(header), f);
+    for (size_t i = 0; i < data_len; i++) fputc(0x11, f);
+    fclose(f);
+    if (total_len != ~0ull) assert_int_equal(truncate(path, (off_t)total_len), 0);
+    return path;
+}
+
+static fp4d_scan_report *scan_one(const char *path)
+{
+    fp4d_scan_report *r = NULL;
+    fp4d_status st = fp4d_scan_path(path, NULL, &r);
+    if (st != FP4D_STATUS_OK) print_message("scan: %s\n", fp4d_last_error());
+    assert_int_equal(st, FP4D_STATUS_OK);
+    return r;
+}
+
+static void assert_single(const fp4d_scan_report *r, fp4d_finding_code code, const char *tensor, uint64_t count)
+{
+    for (size_t i = 0; i < fp4d_scan_report_count(r); i++) {
+        const fp4d_scan_finding *f = fp4d_scan_report_get(r, i);
+        print_message("  %s %s count=%llu: %s\n", fp4d_finding_code_name(f->code), f->tensor ? f->tensor : "-",
+                      (unsigned long long)f->count, f->message);
+    }
+    assert_int_equal(fp4d_scan_report_count(r), 1);
+    const fp4d_scan_finding *f = fp4d_scan_report_get(r, 0);
+    assert_int_equal(f->code, code);
+    if (tensor) assert_string_equal(f->tensor, tensor);
+    else assert_null(f->tensor);
+    assert_int_equal(f->count, count);
+    assert_int_equal(f->severity, FP4D_SCAN_ERROR);
+}
+
+#define H2(a, b) "{\"a\":{\"dtype\":\"F32\",\"shape\":[2]," a "},\"b\":{\"dtype\":\"F32\",\"shape\":[2]," b "}}"
+
+static void test_header_rules(void **s)
+{
+    (void)s;
+    fp4d_scan_report *r;
+    const char *good = H2("\"data_offsets\":[0,8]", "\"data_offsets\":[8,16]");
+    r = scan_one(write_st("good.safetensors", good, ~0ull, 16, ~0ull));
+    assert_int_equal(fp4d_scan_report_count(r), 0);
+    fp4d_scan_report_free(r);
+
+    /* Shorter than the length field: truncated. */
+    r = scan_one(write_st("tiny.safetensors", "", ~0ull, 0, 3));
+    assert_single(r, FP4D_FINDING_FILE_TRUNCATED, NULL, 0);
+    fp4d_scan_report_free(r);
+    /* Header over the library's 100 MB limit. */
+    r = scan_one(write_st("huge.safetensors", good, 100000001ull, 16, ~0ull));
+    assert_single(r, FP4D_FINDING_HEADER_INVALID, NULL, 1);
+    fp4d_scan_report_free(r);
+    /* Length field past the end, the whole header present: a wrong length, not a cut file. */
+    r = scan_one(write_st("pastend.safetensors", good, 4096, 16, ~0ull));
+    assert_single(r, FP4D_FINDING_HEADER_INVALID, NULL, 1);
+    fp4d_scan_report_free(r);
+    /* File cut inside the header. */
+    r = scan_one(write_st("cuthdr.safetensors", good, ~0ull, 16, 8 + 20));
+    assert_single(r, FP4D_FINDING_FILE_TRUNCATED, NULL, 0);
+    fp4d_scan_report_free(r);
+    /* File cut inside tensor b's data: b is lost, a is fine. */
+    r = scan_one(write_st("cutdata.safetensors", good, ~0ull, 16, 8 + strlen(good) + 12));
+    assert_single(r, FP4D_FINDING_FILE_TRUNCATED, "b", 1);
+    fp4d_scan_report_free(r);
+    /* Trailing bytes. */
+    r = scan_one(write_st("trailing.safetensors", good, ~0ull, 17, ~0ull));
+    assert_single(r, FP4D_FINDING_HEADER_INVALID, NULL, 1);
+    fp4d_scan_report_free(r);
+    /* Overlapping and gapped offsets name the tensor where the walk breaks. */
+    r = scan_one(write_st("overlap.safetensors", H2("\"data_offsets\":[0,8]", "\"data_offsets\":[4,12]"), ~0ull, 12, ~0ull));
+    assert_single(r, FP4D_FINDING_HEADER_INVALID, "b", 1);
+    fp4d_scan_report_free(r);
+    r = scan_one(write_st("gap.safetensors", H2("\"data_offsets\":[0,8]", "\"data_offsets\":[12,20]"), ~0ull, 20, ~0ull));
+    assert_single(r, FP4D_FINDING_HEADER_INVALID, "b", 1);
+    fp4d_scan_report_free(r);
+    /* A shape whose product overflows 64 bits. */
+    const char *ovf = "{\"a\":{\"dtype\":\"U8\",\"shape\":[4294967296,4294967296,16],\"data_offsets\":[0,0]}}";
+    r = scan_one(write_st("overflow.safetensors", ovf, ~0ull, 0, ~0ull));
+    assert_single(r, FP4D_FINDING_HEADER_INVALID, "a", 1);
+    fp4d_scan_report_free(r);
+    /* A dtype the library does not know (there is no F8_E4M3FN string). */
+    const char *dt = "{\"w\":{\"dtype\":\"F8_E4M3FN\",\"shape\":[4],\"data_offsets\":[0,4]}}";
+    r = scan_one(write_st("dtype.safetensors", dt, ~0ull, 4, ~0ull));
+    assert_single(r, FP4D_FINDING_HEADER_INVALID, "w", 1);
+    fp4d_scan_report_free(r);
+    /* Invalid UTF-8. */
+    const char *utf = "{\"\xff\xfe\":{\"dtype\":\"U8\",\"shape\":[4],\"data_offsets\":[0,4]}}";
+    r = scan_one(write_st("utf8.safetensors", utf, ~0ull, 4, ~0ull));
+    assert_single(r, FP4D_FINDING_HEADER_INVALID, NULL, 1);
+    fp4d_scan_report_free(r);
+    /* A duplicate key: the library keeps one of them silently. */
+    const char *dup = "{\"a\":{\"dtype\":\"U8\",\"shape\":[4],\"data_offsets\":[0,4]},"
+                      "\"a\":{\"dtype\":\"U8\",\"shape\":[4],\"data_offsets\":[4,8]}}";
+    r = scan_one(write_st("dup.safetensors", dup, ~0ull, 8, ~0ull));
+    assert_single(r, FP4D_FINDING_DUPLICATE_TENSOR, "a", 2);
+    fp4d_scan_report_free(r);
+    /* NaN/Inf in an f32 tensor of an otherwise valid file. */
+    const char *nan = "{\"n\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,16]}}";
+    char *p = write_st("nan.safetensors", nan, ~0ull, 0, ~0ull);
+    FILE *f = fopen(p, "ab");
+    float v[4] = {1.0f, 0.0f / 0.0f, 2.0f, 1.0f / 0.0f};
+    fwrite(v, 4, 4, f);
+    fclose(f);
+    r = scan_one(p);
+    assert_single(r, FP4D_FINDING_NONFINITE_VALUES, "n", 2);
+    fp4d_scan_report_free(r);
+}
+
+static void test_folders(void **s)
+{
+    (void)s;
+    char dir[4096], path[4200];
+    snprintf(dir, sizeof dir, "%s/ckpt", tmpdir);
+    mkdir(dir, 0755);
+    fp4d_scan_report *r = NULL;
+    /* An empty folder cannot be scanned at all. */
+    assert_int_equal(fp4d_scan_path(dir, NULL, &r), FP4D_STATUS_NOT_FOUND);
+    assert_null(r);
+    assert_int_equal(fp4d_scan_path("/nonexistent/fp4doctor", NULL, &r), FP4D_STATUS_NOT_FOUND);
+    /* An index that names files that are not there. */
+    snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
+    FILE *f = fopen(path, "w");
+    fputs("{\"metadata\":{},\"weight_map\":{\"x\":\"gone-1.safetensors\",\"y\":\"gone-1.safetensors\","
+          "\"z\":\"gone-2.safetensors\"}}", f);
+    fclose(f);
+    r = scan_one(dir);
+    assert_int_equal(fp4d_scan_report_count(r), 2);
+    for (size_t i = 0; i < 2; i++) {
+        const fp4d_scan_finding *fd = fp4d_scan_report_get(r, i);
+        assert_int_equal(fd->code, FP4D_FINDING_INDEX_MISSING_FILE);
+        assert_null(fd->tensor);
+        assert_int_equal(fd->count, !strcmp(fd->file, "gone-1.safetensors") ? 2 : 1);
+    }
+    fp4d_scan_report_free(r);
+    /* An index pointing outside the folder is refused, not followed. */
+    f = fopen(path, "w");
+    fputs("{\"weight_map\":{\"x\":\"../../etc/passwd\"}}", f);
+    fclose(f);
+    const char *good = H2("\"data_offsets\":[0,8]", "\"data_offsets\":[8,16]");
+    snprintf(path, sizeof path, "ckpt/model.safetensors");
+    write_st(path, good, ~0ull, 16, ~0ull);
+    r = scan_one(dir);
+    assert_single(r, FP4D_FINDING_HEADER_INVALID, NULL, 1);
+    fp4d_scan_report_free(r);
+    /* A config that is not JSON is a finding; the shards are still scanned. */
+    snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
+    unlink(path);
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    f = fopen(path, "w");
+    fputs("{\"quantization_config\": [", f);
+    fclose(f);
+    r = scan_one(dir);
+    assert_single(r, FP4D_FINDING_HEADER_INVALID, NULL, 1);
+    assert_string_equal(fp4d_scan_report_get(r, 0)->file, "config.json");
+    fp4d_scan_report_free(r);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_header_rules),
+        cmocka_unit_test(test_folders),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
