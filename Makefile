@@ -32,9 +32,11 @@ test-quick: build
 bench: build
 	@set -e; for b in $(BUILD)/bench/fp4d_bench_*; do [ -x "$$b" ] && "$$b"; done
 
-# The tests under AddressSanitizer + UndefinedBehaviorSanitizer.
-asan:
-	@$(MAKE) test BUILD=build-asan CMAKE_FLAGS="-DFP4D_SANITIZE=ON -DFP4D_CUDA=OFF -DCMAKE_BUILD_TYPE=Debug"
+# The tests (all but the exhaustive sweeps) under AddressSanitizer + UndefinedBehaviorSanitizer.
+asan: deps
+	@cmake -S . -B build-asan -DFP4D_SANITIZE=ON -DFP4D_CUDA=OFF -DFP4D_BENCH=OFF -DCMAKE_BUILD_TYPE=Debug >/dev/null
+	@cmake --build build-asan -j $(JOBS)
+	ctest --test-dir build-asan --output-on-failure -j $(JOBS) -LE exhaustive
 
 install: build
 	cmake --install $(BUILD)
