@@ -1,0 +1,747 @@
+/*
+ * The backend registry, backend instances, `auto` and plugin loading (backend.h, plugin.h).
+ *
+ * The registry keeps its own copy of every iface (a plugin's struct may be smaller than
+ * ours, and plugin names get a "plugin:" prefix), in a fixed array so that the pointers
+ * fp4d_registry_get() hands out stay valid for the life of the process.
+ */
+#include <dlfcn.h>
+#include <errno.h>
+#include <stddef.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "backend/backend_internal.h"
+#include "backend/verdict_cache.h"
+#include "fp4doctor/plugin.h"
+#include "fp4doctor/ref.h"
+#include "internal.h"
+
+#ifdef FP4D_USE_CUDA
+#include "backend/cuda/cuda_backends.h"
+#endif
+
+enum { REGISTRY_MAX = 256 };
+
+/* The v1 struct ends with the bench slot: a smaller struct_size cannot be a v1 iface. */
+#define FP4D_IFACE_V1_SIZE (offsetof(fp4d_backend_iface, bench) + sizeof(((fp4d_backend_iface *)0)->bench))
+
+typedef struct registry_entry {
+    fp4d_backend_iface iface;
+    char              *owned_name; /* "plugin:<name>" for plugins */
+    void              *plugin;     /* dlopen handle that provided it, or NULL */
+} registry_entry;
+
+static registry_entry  registry[REGISTRY_MAX];
+static size_t          registry_len;
+static pthread_mutex_t registry_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_mutex_t init_lock     = PTHREAD_MUTEX_INITIALIZER;
+
+const char *fp4d_backend_kind_name(fp4d_backend_kind k)
+{
+    switch (k) {
+    case FP4D_BACKEND_KIND_REFERENCE: return "reference";
+    case FP4D_BACKEND_KIND_CPU: return "cpu";
+    case FP4D_BACKEND_KIND_GPU: return "gpu";
+    case FP4D_BACKEND_KIND_FAULTY: return "faulty";
+    case FP4D_BACKEND_KIND_PLUGIN: return "plugin";
+    default: return "unknown";
+    }
+}
+
+static void reason_set(fp4d_reason *why, const char *fmt, ...) FP4D_PRINTF(2, 3);
+static void reason_set(fp4d_reason *why, const char *fmt, ...)
+{
+    if (!why) return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(why->text, sizeof why->text, fmt, ap);
+    va_end(ap);
+}
+
+static bool name_is_valid(const char *name)
+{
+    if (!name || !*name || strlen(name) > 64) return false;
+    for (const char *c = name; *c; c++)
+        if (!((*c >= 'a' && *c <= 'z') || (*c >= '0' && *c <= '9') || *c == '_' || *c == '-')) return false;
+    return true;
+}
+
+static const registry_entry *find_locked(const char *name)
+{
+    for (size_t i = 0; i < registry_len; i++)
+        if (!strcmp(registry[i].iface.name, name)) return &registry[i];
+    return NULL;
+}
+
+/* Checks an iface and copies it into the registry under final_name (NULL = iface->name). */
+static fp4d_status registry_add_as(const fp4d_backend_iface *iface, const char *prefix, void *plugin)
+{
+    FP4D_RETURN_ERROR_IF(!iface, INVALID_ARG, "backend iface is NULL");
+    FP4D_RETURN_ERROR_IF(iface->api_version == 0 || iface->api_version > FP4D_BACKEND_API_VERSION, INVALID_ARG,
+                         "backend '%s': api_version %u is not supported (this fp4doctor speaks backend API v%d)",
+                         iface->name ? iface->name : "?", iface->api_version, FP4D_BACKEND_API_VERSION);
+    FP4D_RETURN_ERROR_IF(iface->struct_size < FP4D_IFACE_V1_SIZE, INVALID_ARG,
+                         "backend '%s': struct_size %u is smaller than the v1 iface (%zu bytes)",
+                         iface->name ? iface->name : "?", iface->struct_size, (size_t)FP4D_IFACE_V1_SIZE);
+    FP4D_RETURN_ERROR_IF(!name_is_valid(iface->name), INVALID_ARG,
+                         "backend name '%s' is not [a-z0-9_-]+ (at most 64 characters)",
+                         iface->name ? iface->name : "(null)");
+    FP4D_RETURN_ERROR_IF(!iface->init || !iface->free || !iface->supports || !iface->gemm, INVALID_ARG,
+                         "backend '%s': the mandatory slots init, free, supports and gemm must all be set",
+                         iface->name);
+
+    char *owned = NULL;
+    if (prefix) {
+        size_t len = strlen(prefix) + strlen(iface->name) + 1;
+        owned      = malloc(len);
+        FP4D_RETURN_ERROR_IF(!owned, NOMEM, "out of memory");
+        snprintf(owned, len, "%s%s", prefix, iface->name);
+    }
+    const char *final_name = owned ? owned : iface->name;
+
+    pthread_mutex_lock(&registry_lock);
+    fp4d_status st = FP4D_STATUS_OK;
+    if (find_locked(final_name)) {
+        st = fp4d_set_error(FP4D_STATUS_INVALID_ARG, "a backend named '%s' is already registered", final_name);
+    } else if (registry_len >= REGISTRY_MAX) {
+        st = fp4d_set_error(FP4D_STATUS_INVALID_ARG, "too many backends (at most %d)", REGISTRY_MAX);
+    } else {
+        registry_entry *e = &registry[registry_len];
+        memset(e, 0, sizeof *e);
+        /* A newer, larger struct: we read only the slots we know. */
+        memcpy(&e->iface, iface, sizeof e->iface);
+        e->iface.struct_size = sizeof e->iface;
+        e->iface.name        = final_name;
+        if (!e->iface.description) e->iface.description = "";
+        /* Capabilities follow the slots actually present, whatever the flags claim. */
+        e->iface.caps |= FP4D_CAP_GEMM;
+        if (!e->iface.grouped_gemm) e->iface.caps &= ~(uint32_t)FP4D_CAP_GROUPED_GEMM;
+        if (!e->iface.quantize) e->iface.caps &= ~(uint32_t)FP4D_CAP_QUANTIZE;
+        if (plugin && e->iface.kind != FP4D_BACKEND_KIND_FAULTY) e->iface.kind = FP4D_BACKEND_KIND_PLUGIN;
+        e->owned_name = owned;
+        e->plugin     = plugin;
+        owned         = NULL;
+        registry_len++;
+    }
+    pthread_mutex_unlock(&registry_lock);
+    free(owned);
+    return st;
+}
+
+fp4d_status fp4d_registry_add(const fp4d_backend_iface *iface) { return registry_add_as(iface, NULL, NULL); }
+
+size_t fp4d_registry_count(void)
+{
+    pthread_mutex_lock(&registry_lock);
+    size_t n = registry_len;
+    pthread_mutex_unlock(&registry_lock);
+    return n;
+}
+
+const fp4d_backend_iface *fp4d_registry_get(size_t index)
+{
+    pthread_mutex_lock(&registry_lock);
+    const fp4d_backend_iface *r = index < registry_len ? &registry[index].iface : NULL;
+    pthread_mutex_unlock(&registry_lock);
+    return r;
+}
+
+const fp4d_backend_iface *fp4d_registry_find(const char *name)
+{
+    if (!name) return NULL;
+    pthread_mutex_lock(&registry_lock);
+    const registry_entry *e = find_locked(name);
+    pthread_mutex_unlock(&registry_lock);
+    return e ? &e->iface : NULL;
+}
+
+/* Drops the entries a plugin registered (its init failed after registering some). */
+static void registry_remove_plugin(void *plugin)
+{
+    pthread_mutex_lock(&registry_lock);
+    size_t w = 0;
+    for (size_t r = 0; r < registry_len; r++) {
+        if (registry[r].plugin == plugin) {
+            free(registry[r].owned_name);
+            continue;
+        }
+        if (w != r) registry[w] = registry[r];
+        w++;
+    }
+    registry_len = w;
+    pthread_mutex_unlock(&registry_lock);
+}
+
+/* ---- plugins ------------------------------------------------------------------------------- */
+
+typedef struct plugin_load {
+    const char *path;
+    void       *handle;
+    int         registered;
+    fp4d_status first_error;
+    char        error[512];
+} plugin_load;
+
+static const char *base_name(const char *path)
+{
+    const char *s = strrchr(path, '/');
+    return s ? s + 1 : path;
+}
+
+static int host_register_backend(const fp4d_plugin_host *host, const fp4d_backend_iface *iface)
+{
+    plugin_load *pl = host->host_data;
+    const char  *prefix = "plugin:";
+    /* A plugin that spelled the prefix itself is not punished for it. */
+    fp4d_backend_iface copy;
+    if (iface && iface->name && !strncmp(iface->name, prefix, strlen(prefix))) {
+        memset(&copy, 0, sizeof copy);
+        size_t n = iface->struct_size < sizeof copy ? iface->struct_size : sizeof copy;
+        memcpy(&copy, iface, n);
+        copy.name  = iface->name + strlen(prefix);
+        iface      = &copy;
+    }
+    fp4d_status st = registry_add_as(iface, prefix, pl->handle);
+    if (st != FP4D_STATUS_OK) {
+        if (pl->first_error == FP4D_STATUS_OK) {
+            pl->first_error = st;
+            snprintf(pl->error, sizeof pl->error, "%s", fp4d_last_error());
+        }
+        return 1; /* the load fails with this reason (fp4d_plugin_load) */
+    }
+    pl->registered++;
+    return 0;
+}
+
+static void host_log(const fp4d_plugin_host *host, const char *message)
+{
+    plugin_load *pl = host->host_data;
+    fprintf(stderr, "fp4doctor: plugin %s: %s\n", base_name(pl->path), message ? message : "(null)");
+}
+
+typedef struct loaded_plugin {
+    char *path;
+    void *handle;
+} loaded_plugin;
+
+static loaded_plugin loaded_plugins[64];
+static size_t        loaded_plugins_len;
+
+fp4d_status fp4d_plugin_load(const char *path)
+{
+    FP4D_RETURN_ERROR_IF(!path || !*path, INVALID_ARG, "plugin path is empty");
+    for (size_t i = 0; i < loaded_plugins_len; i++)
+        if (!strcmp(loaded_plugins[i].path, path)) return FP4D_STATUS_OK; /* already loaded */
+    FP4D_RETURN_ERROR_IF(loaded_plugins_len >= FP4D_ARRAY_LEN(loaded_plugins), INVALID_ARG,
+                         "plugin %s: too many plugins (at most %zu)", path, FP4D_ARRAY_LEN(loaded_plugins));
+    FP4D_RETURN_ERROR_IF(access(path, R_OK) != 0, NOT_FOUND, "plugin %s: cannot read the file: %s", path,
+                         strerror(errno));
+    /* dlopen searches the library path for names without a '/': a plugin is a file. */
+    char *rel = NULL;
+    if (!strchr(path, '/')) {
+        rel = malloc(strlen(path) + 3);
+        FP4D_RETURN_ERROR_IF(!rel, NOMEM, "out of memory");
+        sprintf(rel, "./%s", path);
+    }
+    dlerror();
+    void *h = dlopen(rel ? rel : path, RTLD_NOW | RTLD_LOCAL);
+    free(rel);
+    if (!h) {
+        const char *e = dlerror();
+        return fp4d_set_error(FP4D_STATUS_INVALID_ARG, "plugin %s: cannot load it as a shared library: %s", path,
+                              e ? e : "unknown error");
+    }
+    /* The same library under another spelling of its path (./x.so and /abs/x.so, or
+     * --plugin plus FP4DOCTOR_PLUGINS): dlopen hands back the handle we already hold.
+     * Running its init again would register its names twice and fail the whole load. */
+    for (size_t i = 0; i < loaded_plugins_len; i++)
+        if (loaded_plugins[i].handle == h) {
+            dlclose(h); /* drops the reference this dlopen added */
+            return FP4D_STATUS_OK;
+        }
+    union {
+        void               *obj;
+        fp4d_plugin_init_fn fn;
+    } entry;
+    dlerror();
+    entry.obj = dlsym(h, FP4D_PLUGIN_ENTRY_SYMBOL);
+    if (!entry.obj) {
+        dlclose(h);
+        return fp4d_set_error(FP4D_STATUS_INVALID_ARG,
+                              "plugin %s: no symbol %s (is it an fp4doctor plugin? see include/fp4doctor/plugin.h)",
+                              path, FP4D_PLUGIN_ENTRY_SYMBOL);
+    }
+    plugin_load pl;
+    memset(&pl, 0, sizeof pl);
+    pl.path   = path;
+    pl.handle = h;
+    fp4d_plugin_host host = {
+        .api_version      = FP4D_BACKEND_API_VERSION,
+        .register_backend = host_register_backend,
+        .log              = host_log,
+        .host_data        = &pl,
+    };
+    int rc = entry.fn(&host);
+    if (rc != 0 || pl.first_error != FP4D_STATUS_OK || pl.registered == 0) {
+        registry_remove_plugin(h);
+        dlclose(h);
+        if (pl.first_error != FP4D_STATUS_OK)
+            return fp4d_set_error(pl.first_error, "plugin %s: %s", path, pl.error);
+        if (rc != 0)
+            return fp4d_set_error(FP4D_STATUS_INVALID_ARG, "plugin %s: %s() returned %d: the plugin refused to load",
+                                  path, FP4D_PLUGIN_ENTRY_SYMBOL, rc);
+        return fp4d_set_error(FP4D_STATUS_INVALID_ARG, "plugin %s: registered no backend", path);
+    }
+    loaded_plugins[loaded_plugins_len].path   = strdup(path);
+    loaded_plugins[loaded_plugins_len].handle = h;
+    if (loaded_plugins[loaded_plugins_len].path) loaded_plugins_len++;
+    return FP4D_STATUS_OK;
+}
+
+/* ---- initialisation ---------------------------------------------------------------------- */
+
+static bool env_is_true(const char *name)
+{
+    const char *v = getenv(name);
+    return v && *v && strcmp(v, "0") != 0 && strcmp(v, "false") != 0 && strcmp(v, "no") != 0;
+}
+
+static bool builtins_registered, faulty_registered;
+
+fp4d_status fp4d_registry_init(const fp4d_registry_options *opt)
+{
+    fp4d_status st = FP4D_STATUS_OK;
+    pthread_mutex_lock(&init_lock);
+    if (!builtins_registered) {
+        builtins_registered = true;
+        st = fp4d_registry_add(fp4d_ref_backend_iface());
+        if (st == FP4D_STATUS_OK) st = fp4d_registry_add(fp4d_cpu_backend_iface());
+#ifdef FP4D_USE_CUDA
+        fp4d_cuda_register_backends();
+#endif
+    }
+    bool faulty = (opt && opt->include_faulty) || env_is_true("FP4DOCTOR_INCLUDE_FAULTY");
+    if (st == FP4D_STATUS_OK && faulty && !faulty_registered) {
+        faulty_registered = true;
+        for (size_t i = 0; i < fp4d_faulty_backend_count() && st == FP4D_STATUS_OK; i++)
+            st = fp4d_registry_add(fp4d_faulty_backend_iface(i));
+    }
+    for (size_t i = 0; st == FP4D_STATUS_OK && opt && i < opt->num_plugins; i++)
+        st = fp4d_plugin_load(opt->plugin_paths[i]);
+    const char *env = getenv("FP4DOCTOR_PLUGINS");
+    if (st == FP4D_STATUS_OK && env && *env) {
+        char *list = strdup(env);
+        if (!list) st = fp4d_set_error(FP4D_STATUS_NOMEM, "out of memory");
+        for (char *save = NULL, *p = list ? strtok_r(list, ":", &save) : NULL; p && st == FP4D_STATUS_OK;
+             p = strtok_r(NULL, ":", &save))
+            st = fp4d_plugin_load(p);
+        free(list);
+    }
+    pthread_mutex_unlock(&init_lock);
+    return st;
+}
+
+static void ensure_registry(void)
+{
+    if (fp4d_registry_count() == 0) (void)fp4d_registry_init(NULL);
+}
+
+/* ---- instances ------------------------------------------------------------------------------ */
+
+struct fp4d_backend {
+    const fp4d_backend_iface *iface;
+    void                     *ctx;
+    int                       device;
+};
+
+fp4d_status fp4d_backend_open(const char *name, int device, fp4d_backend_t *out, fp4d_reason *why)
+{
+    FP4D_RETURN_ERROR_IF(!out, INVALID_ARG, "fp4d_backend_open: out is NULL");
+    *out = NULL;
+    if (why) why->text[0] = '\0';
+    ensure_registry();
+    const fp4d_backend_iface *iface = fp4d_registry_find(name);
+    if (!iface) {
+        reason_set(why, "no backend named '%s' (see `fp4doctor backends`)", name ? name : "(null)");
+        return fp4d_set_error(FP4D_STATUS_NOT_FOUND, "no backend named '%s'", name ? name : "(null)");
+    }
+    fp4d_reason local;
+    local.text[0] = '\0';
+    void       *ctx = NULL;
+    fp4d_status st  = iface->init(iface->user_data, device, &ctx, &local);
+    local.text[FP4D_REASON_MAX - 1] = '\0';
+    if (st != FP4D_STATUS_OK) {
+        if (!local.text[0]) snprintf(local.text, sizeof local.text, "init failed: %s", fp4d_status_str(st));
+        if (why) *why = local;
+        return fp4d_set_error(st, "backend %s is unavailable: %s", iface->name, local.text);
+    }
+    fp4d_backend_t b = malloc(sizeof *b);
+    if (!b) {
+        iface->free(ctx);
+        reason_set(why, "out of memory");
+        return fp4d_set_error(FP4D_STATUS_NOMEM, "out of memory");
+    }
+    b->iface  = iface;
+    b->ctx    = ctx;
+    b->device = device;
+    *out      = b;
+    return FP4D_STATUS_OK;
+}
+
+void fp4d_backend_close(fp4d_backend_t b)
+{
+    if (!b) return;
+    b->iface->free(b->ctx);
+    free(b);
+}
+
+const fp4d_backend_iface *fp4d_backend_iface_of(fp4d_backend_t b) { return b ? b->iface : NULL; }
+
+bool fp4d_backend_supports(fp4d_backend_t b, const fp4d_gemm_desc *desc, fp4d_reason *why)
+{
+    if (!b || !desc) {
+        reason_set(why, "no backend or no descriptor");
+        return false;
+    }
+    if (desc->num_experts > 0 && !b->iface->grouped_gemm) {
+        reason_set(why, "%s has no grouped (MoE) GEMM", b->iface->name);
+        return false;
+    }
+    fp4d_reason local;
+    local.text[0] = '\0';
+    bool ok = b->iface->supports(b->ctx, desc, &local);
+    local.text[FP4D_REASON_MAX - 1] = '\0';
+    if (!ok && !local.text[0]) snprintf(local.text, sizeof local.text, "%s does not support this problem", b->iface->name);
+    if (why) *why = local;
+    return ok;
+}
+
+fp4d_status fp4d_backend_gemm(fp4d_backend_t b, const fp4d_gemm_problem *p, fp4d_reason *why)
+{
+    FP4D_RETURN_ERROR_IF(!b, INVALID_ARG, "backend is NULL");
+    fp4d_status st = fp4d_gemm_validate(p);
+    if (st != FP4D_STATUS_OK) {
+        reason_set(why, "%s", fp4d_last_error());
+        return st;
+    }
+    fp4d_gemm_desc desc;
+    fp4d_gemm_describe(p, &desc);
+    fp4d_reason local;
+    if (!fp4d_backend_supports(b, &desc, &local)) {
+        if (why) *why = local;
+        return fp4d_set_error(FP4D_STATUS_UNSUPPORTED, "%s: %s", b->iface->name, local.text);
+    }
+    return b->iface->gemm(b->ctx, p);
+}
+
+fp4d_status fp4d_backend_grouped_gemm(fp4d_backend_t b, const fp4d_grouped_gemm_problem *p, fp4d_reason *why)
+{
+    FP4D_RETURN_ERROR_IF(!b, INVALID_ARG, "backend is NULL");
+    fp4d_status st = fp4d_grouped_gemm_validate(p);
+    if (st != FP4D_STATUS_OK) {
+        reason_set(why, "%s", fp4d_last_error());
+        return st;
+    }
+    fp4d_gemm_desc desc;
+    fp4d_grouped_gemm_describe(p, &desc);
+    fp4d_reason local;
+    if (!fp4d_backend_supports(b, &desc, &local)) {
+        if (why) *why = local;
+        return fp4d_set_error(FP4D_STATUS_UNSUPPORTED, "%s: %s", b->iface->name, local.text);
+    }
+    return b->iface->grouped_gemm(b->ctx, p);
+}
+
+fp4d_status fp4d_backend_quantize(fp4d_backend_t b, fp4d_quantize_problem *q, fp4d_reason *why)
+{
+    FP4D_RETURN_ERROR_IF(!b || !q, INVALID_ARG, "backend or quantize problem is NULL");
+    if (!b->iface->quantize) {
+        reason_set(why, "%s has no quantizer", b->iface->name);
+        return fp4d_set_error(FP4D_STATUS_UNSUPPORTED, "%s has no quantizer", b->iface->name);
+    }
+    fp4d_status st = b->iface->quantize(b->ctx, q);
+    if (st != FP4D_STATUS_OK) reason_set(why, "%s", fp4d_last_error());
+    return st;
+}
+
+/* ---- auto -------------------------------------------------------------------------------- */
+
+static bool auto_debug(void) { return env_is_true("FP4DOCTOR_DEBUG"); }
+
+static void debugf(const char *fmt, ...) FP4D_PRINTF(1, 2);
+static void debugf(const char *fmt, ...)
+{
+    if (!auto_debug()) return;
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("fp4doctor auto: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+}
+
+/* Deterministic pseudo-random numbers for the validation problem (xorshift64*). */
+static uint64_t rng_next(uint64_t *s)
+{
+    *s ^= *s >> 12, *s ^= *s << 25, *s ^= *s >> 27;
+    return *s * 0x2545F4914F6CDD1DULL;
+}
+
+typedef struct validation_operand {
+    fp4d_matrix m;
+    void       *data;
+    uint8_t    *scales;
+    float      *dequant; /* [rows, k] exact values, for the error bound */
+} validation_operand;
+
+static void validation_operand_free(validation_operand *v)
+{
+    free(v->data), free(v->scales), free(v->dequant);
+}
+
+/* Random operand of type t and layout l with values that make an honest f32 kernel pass:
+ * moderate scale bytes, random codes, activations of a few bits. */
+static fp4d_status validation_operand_make(validation_operand *v, fp4d_dtype t, fp4d_scale_layout l, int64_t rows,
+                                           int64_t k, uint64_t *rng)
+{
+    const fp4d_dtype_traits *tr = fp4d_dtype_get(t);
+    memset(v, 0, sizeof *v);
+    v->m.dtype        = t;
+    v->m.rows         = rows;
+    v->m.cols         = k;
+    v->m.scale_layout = l;
+    v->dequant        = malloc((size_t)(rows * k) * sizeof(float));
+    v->data           = malloc(fp4d_dtype_data_bytes(t, rows, k));
+    if (!v->dequant || !v->data) return fp4d_set_error(FP4D_STATUS_NOMEM, "out of memory");
+    if (tr->is_block_fp4) {
+        int64_t sc = k / tr->block_size;
+        size_t  sz = fp4d_scale_buffer_size(l, rows, sc);
+        v->scales  = calloc(sz ? sz : 1, 1);
+        if (!v->scales) return fp4d_set_error(FP4D_STATUS_NOMEM, "out of memory");
+        uint8_t *codes = v->data;
+        for (size_t i = 0; i < (size_t)(rows * k / 2); i++) codes[i] = (uint8_t)rng_next(rng);
+        for (int64_t r = 0; r < rows; r++)
+            for (int64_t c = 0; c < sc; c++) {
+                /* e4m3 0x30..0x3F = 0.5 .. 1.875; ue8m0 125..129 = 1/4 .. 4 */
+                uint8_t b = t == FP4D_DTYPE_NVFP4 ? (uint8_t)(0x30 + rng_next(rng) % 16) : (uint8_t)(125 + rng_next(rng) % 5);
+                v->scales[fp4d_scale_offset(l, rows, sc, r, c)] = b;
+            }
+        v->m.scales = v->scales;
+        FP4D_FORWARD_IF_ERROR(fp4d_dequantize(t, l, codes, v->scales, 1.0f, rows, k, v->dequant));
+    } else {
+        for (int64_t i = 0; i < rows * k; i++)
+            v->dequant[i] = (float)((int)(rng_next(rng) % 33) - 16) / 8.0f; /* exact in bf16 and f16 */
+        fp4d_from_f32(t, v->dequant, (size_t)(rows * k), v->data);
+    }
+    v->m.data = v->data;
+    return FP4D_STATUS_OK;
+}
+
+/* One unit in the last place of x in type t: a generous allowance for the final
+ * rounding(s) into the output type. */
+static double ulp_of(fp4d_dtype t, double x)
+{
+    int mant_bits = t == FP4D_DTYPE_F32 ? 24 : t == FP4D_DTYPE_BF16 ? 8 : 11;
+    double ax = fabs(x);
+    if (ax < 1e-30) ax = 1e-30;
+    int e;
+    frexp(ax, &e);
+    return ldexp(1.0, e - mant_bits);
+}
+
+/* Runs backend b on a small problem of desc's types and compares with the exact reference
+ * within the f32-accumulation bound. Returns true when it agrees. */
+static bool validate_against_reference(fp4d_backend_t b, const fp4d_gemm_desc *desc, char *msg, size_t msg_len)
+{
+    const int64_t m = 7, n = 40, k = 128; /* odd M and N: edge tiles on purpose */
+    uint64_t           rng = 0x9E3779B97F4A7C15ULL;
+    validation_operand va, vb;
+    bool               ok = false;
+    void              *out = NULL, *ref = NULL;
+    memset(&va, 0, sizeof va), memset(&vb, 0, sizeof vb);
+    if (validation_operand_make(&va, desc->a_type, desc->a_layout, m, k, &rng) != FP4D_STATUS_OK ||
+        validation_operand_make(&vb, desc->b_type, desc->b_layout, n, k, &rng) != FP4D_STATUS_OK) {
+        snprintf(msg, msg_len, "could not build a validation problem: %s", fp4d_last_error());
+        goto done;
+    }
+    size_t esz = fp4d_out_elem_size(desc->out_type);
+    out        = malloc((size_t)(m * n) * esz);
+    ref        = malloc((size_t)(m * n) * esz);
+    if (!out || !ref) {
+        snprintf(msg, msg_len, "out of memory");
+        goto done;
+    }
+    fp4d_gemm_problem p = {va.m, vb.m, 0.75f, desc->out_type, out};
+    fp4d_gemm_desc    small;
+    fp4d_gemm_describe(&p, &small);
+    fp4d_reason why;
+    if (!fp4d_backend_supports(b, &small, &why)) {
+        snprintf(msg, msg_len, "cannot validate on a %lldx%lldx%lld problem: %.180s", (long long)m, (long long)n,
+                 (long long)k, why.text);
+        goto done;
+    }
+    memset(out, 0xFF, (size_t)(m * n) * esz); /* NaN poison: unwritten elements fail */
+    if (fp4d_backend_gemm(b, &p, &why) != FP4D_STATUS_OK) {
+        snprintf(msg, msg_len, "gemm failed: %.200s", why.text[0] ? why.text : fp4d_last_error());
+        goto done;
+    }
+    p.out = ref;
+    if (fp4d_ref_gemm(&p) != FP4D_STATUS_OK) {
+        snprintf(msg, msg_len, "reference failed: %s", fp4d_last_error());
+        goto done;
+    }
+    const double u = ldexp(1.0, -24), gamma = (k * u) / (1 - k * u);
+    for (int64_t i = 0; i < m; i++)
+        for (int64_t j = 0; j < n; j++) {
+            double abs_sum = 0.0, exact = 0.0;
+            for (int64_t kk = 0; kk < k; kk++) {
+                double prod = (double)va.dequant[i * k + kk] * (double)vb.dequant[j * k + kk];
+                abs_sum += fabs(prod);
+                exact += prod; /* exact: a few bits each, K = 128 */
+            }
+            exact *= 0.75;
+            double got, want;
+            if (desc->out_type == FP4D_DTYPE_F32) {
+                got  = ((float *)out)[i * n + j];
+                want = ((float *)ref)[i * n + j];
+            } else if (desc->out_type == FP4D_DTYPE_BF16) {
+                got  = fp4d_bf16_to_f32(((uint16_t *)out)[i * n + j]);
+                want = fp4d_bf16_to_f32(((uint16_t *)ref)[i * n + j]);
+            } else {
+                got  = fp4d_f16_to_f32(((uint16_t *)out)[i * n + j]);
+                want = fp4d_f16_to_f32(((uint16_t *)ref)[i * n + j]);
+            }
+            double bound = gamma * abs_sum * 0.75 + ulp_of(desc->out_type, exact) + ulp_of(FP4D_DTYPE_F32, exact);
+            if (!(fabs(got - exact) <= bound)) {
+                snprintf(msg, msg_len, "disagrees with the reference at [%lld, %lld]: %.9g, expected %.9g",
+                         (long long)i, (long long)j, got, want);
+                goto done;
+            }
+        }
+    ok = true;
+    snprintf(msg, msg_len, "agrees with the reference on a %lldx%lldx%lld problem", (long long)m, (long long)n,
+             (long long)k);
+done:
+    validation_operand_free(&va);
+    validation_operand_free(&vb);
+    free(out), free(ref);
+    return ok;
+}
+
+typedef struct auto_candidate {
+    const fp4d_backend_iface *iface;
+    int                       score;
+    bool                      cached_pass;
+    double                    gflops;
+} auto_candidate;
+
+static int candidate_cmp(const void *x, const void *y)
+{
+    const auto_candidate *a = x, *b = y;
+    if (a->cached_pass != b->cached_pass) return a->cached_pass ? -1 : 1;
+    if (a->cached_pass && a->gflops != b->gflops) return a->gflops > b->gflops ? -1 : 1;
+    if (a->score != b->score) return a->score > b->score ? -1 : 1;
+    return 0;
+}
+
+fp4d_status fp4d_backend_choose_auto(const fp4d_gemm_desc *desc, const char **name_out, fp4d_reason *why)
+{
+    FP4D_RETURN_ERROR_IF(!desc || !name_out, INVALID_ARG, "fp4d_backend_choose_auto: NULL argument");
+    *name_out = NULL;
+    ensure_registry();
+
+    const char *forced = getenv("FP4DOCTOR_BACKEND");
+    if (forced && *forced && strcmp(forced, "auto") != 0) {
+        const fp4d_backend_iface *iface = fp4d_registry_find(forced);
+        if (!iface) {
+            reason_set(why, "FP4DOCTOR_BACKEND=%s names no registered backend", forced);
+            return fp4d_set_error(FP4D_STATUS_NOT_FOUND, "FP4DOCTOR_BACKEND=%s names no registered backend", forced);
+        }
+        debugf("FP4DOCTOR_BACKEND=%s forces the choice", forced);
+        reason_set(why, "forced by FP4DOCTOR_BACKEND");
+        *name_out = iface->name;
+        return FP4D_STATUS_OK;
+    }
+
+    size_t          count = fp4d_registry_count();
+    auto_candidate *cand  = calloc(count ? count : 1, sizeof *cand);
+    FP4D_RETURN_ERROR_IF(!cand, NOMEM, "out of memory");
+    size_t ncand = 0;
+    for (size_t i = 0; i < count; i++) {
+        const fp4d_backend_iface *iface = fp4d_registry_get(i);
+        if (iface->kind == FP4D_BACKEND_KIND_FAULTY) continue; /* never chosen */
+        fp4d_backend_t b;
+        fp4d_reason    r;
+        if (fp4d_backend_open(iface->name, -1, &b, &r) != FP4D_STATUS_OK) {
+            debugf("%s: unavailable (%s)", iface->name, r.text);
+            continue;
+        }
+        /* No score slot: never picked (backend.h: 0 = do not pick). */
+        int score = 0;
+        if (!fp4d_backend_supports(b, desc, &r)) {
+            debugf("%s: does not support this problem (%s)", iface->name, r.text);
+            fp4d_backend_close(b);
+            continue;
+        }
+        if (iface->score) score = iface->score(b->ctx, desc);
+        fp4d_backend_close(b);
+        if (score <= 0) {
+            debugf("%s: score %d, not picked", iface->name, score);
+            continue;
+        }
+        fp4d_cached_verdict v;
+        /* The doctor files host backends under device -1 and GPU backends under the
+         * device it checked; `auto` runs on the default device. */
+        bool cached = fp4d_verdict_cache_get(iface->name, -1, &v) ||
+                      ((iface->caps & FP4D_CAP_NEEDS_DEVICE) && fp4d_verdict_cache_get(iface->name, 0, &v));
+        if (cached && strcmp(v.verdict, "PASS") != 0) {
+            debugf("%s: excluded, cached verdict %s (suite %s)", iface->name, v.verdict, v.suite);
+            continue;
+        }
+        cand[ncand].iface       = iface;
+        cand[ncand].score       = score;
+        cand[ncand].cached_pass = cached;
+        cand[ncand].gflops      = cached ? v.gflops : 0.0;
+        debugf("%s: candidate, score %d, %s", iface->name, score,
+               cached ? "cached PASS" : "no cached verdict");
+        ncand++;
+    }
+    qsort(cand, ncand, sizeof *cand, candidate_cmp);
+
+    fp4d_status st = FP4D_STATUS_UNSUPPORTED;
+    for (size_t i = 0; i < ncand; i++) {
+        const fp4d_backend_iface *iface = cand[i].iface;
+        if (!cand[i].cached_pass && iface->kind != FP4D_BACKEND_KIND_REFERENCE) {
+            /* No verdict from the doctor for this one: check it ourselves before trusting it. */
+            fp4d_backend_t b;
+            fp4d_reason    r;
+            char           msg[FP4D_REASON_MAX];
+            if (fp4d_backend_open(iface->name, -1, &b, &r) != FP4D_STATUS_OK) continue;
+            bool good = validate_against_reference(b, desc, msg, sizeof msg);
+            fp4d_backend_close(b);
+            debugf("%s: validation: %s", iface->name, msg);
+            if (!good) continue;
+            reason_set(why, "highest score (%d) among available backends; %s", cand[i].score, msg);
+        } else if (cand[i].cached_pass) {
+            reason_set(why, "cached PASS from the doctor%s", cand[i].gflops > 0 ? ", fastest measured" : "");
+        } else {
+            reason_set(why, "the exact reference: nothing faster qualified");
+        }
+        debugf("chose %s", iface->name);
+        *name_out = iface->name;
+        st        = FP4D_STATUS_OK;
+        break;
+    }
+    free(cand);
+    if (st != FP4D_STATUS_OK) {
+        reason_set(why, "no registered backend supports this problem");
+        return fp4d_set_error(st, "auto: no registered backend supports this problem");
+    }
+    return FP4D_STATUS_OK;
+}
