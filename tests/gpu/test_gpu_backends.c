@@ -205,7 +205,7 @@ static void sweep(fp4d_backend_t b, const char *name, bool large)
      * multiple of 32 (dense paths), and large M (tiled path) */
     static const int64_t shapes[][3] = {
         {1, 40, 64}, {3, 129, 256}, {16, 8, 96}, {17, 33, 160}, {45, 70, 32}, {7, 64, 2048}, {300, 72, 128},
-        {5, 24, 48},
+        {5, 24, 48}, {16, 136, 1088}, {8, 300, 4096}, {2, 520, 8192},
     };
     /* FP4D_GPU_TEST_QUICK=1 (used under compute-sanitizer): one output type per pair */
     const bool quick = getenv("FP4D_GPU_TEST_QUICK") != NULL;
@@ -351,8 +351,9 @@ static void test_cuda_quantize_bit_identical(void **state)
     const fp4d_dtype srcs[] = {FP4D_DTYPE_F32, FP4D_DTYPE_BF16, FP4D_DTYPE_F16};
     for (int si = 0; si < 3; si++)
         for (int li = 0; li < 3; li++)
-            for (int given = 0; given < 2; given++) {
-                const int64_t rows = 37 + li, cols = 16 * (5 + si);
+            for (int given = 0; given < 4; given++) {
+                /* given & 2: cols % 64 == 0, the bf16 source's vectorized kernel */
+                const int64_t rows = 37 + li, cols = given & 2 ? 64 * (2 + si) : 16 * (5 + si);
                 float *f = malloc((size_t)(rows * cols) * sizeof *f);
                 for (int64_t i = 0; i < rows * cols; i++) {
                     const float u = rnd_unit();
@@ -370,7 +371,7 @@ static void test_cuda_quantize_bit_identical(void **state)
                 uint8_t *c1 = malloc(cb), *c2 = malloc(cb), *s1 = malloc(sb), *s2 = malloc(sb);
                 memset(s1, 0xAA, sb);
                 memset(s2, 0x55, sb);
-                fp4d_quantize_params qp = {FP4D_DTYPE_NVFP4, FP4D_CONV_FLASHINFER_EXACT, layouts[li], given ? 37.5f : 0.0f};
+                fp4d_quantize_params qp = {FP4D_DTYPE_NVFP4, FP4D_CONV_FLASHINFER_EXACT, layouts[li], given & 1 ? 37.5f : 0.0f};
                 fp4d_quantize_result r1;
                 assert_int_equal(fp4d_quantize(&qp, srcs[si], src, rows, cols, c1, s1, &r1), FP4D_STATUS_OK);
                 fp4d_quantize_problem q = {qp, srcs[si], src, rows, cols, c2, s2, {0, 0}};

@@ -193,6 +193,10 @@ static fp4d_status cb_init(void *user_data, int device, void **out, fp4d_reason 
         free(c);
         return fp4d_set_error(FP4D_STATUS_UNSUPPORTED, "cublasCreate failed: %s", cublas_status_name(s));
     }
+    /* cuBLAS may otherwise reduce split-K partial sums in the 16-bit output type; seen on an
+     * H200 (bf16 output, M=8 N=300 K=4096): an element off by more than the f32
+     * accumulation bound. Reductions stay in the f32 compute type. */
+    (void)cublasSetMathMode(c->handle, CUBLAS_DEFAULT_MATH | CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION);
     if (cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking) != cudaSuccess) {
         cublasDestroy(c->handle);
         free(c);

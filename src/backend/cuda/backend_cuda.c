@@ -118,12 +118,14 @@ static fp4d_status plan_skinny(cuda_ctx *c, const dev_gemm *g, fp4d_devbuf *para
     FP4D_RETURN_ERROR_IF(!host, NOMEM, "cuda: out of host memory");
     fp4d_skinny_item *it = (fp4d_skinny_item *)host;
     int64_t n_items = 0;
+    int32_t max_item_rows = 1;
     for (int32_t e = 0; e < g->num_experts; e++) {
         const int64_t r0 = g->offsets ? g->offsets[e] : 0, r1 = g->offsets ? g->offsets[e + 1] : g->a_rows;
         for (int64_t r = r0; r < r1; r += piece) {
             it[n_items].row0 = (int32_t)r;
             it[n_items].rows = (int32_t)(r1 - r < piece ? r1 - r : piece);
             it[n_items].expert = e;
+            if (it[n_items].rows > max_item_rows) max_item_rows = it[n_items].rows;
             n_items++;
         }
     }
@@ -154,13 +156,13 @@ static fp4d_status plan_skinny(cuda_ctx *c, const dev_gemm *g, fp4d_devbuf *para
     args->k = g->k;
     args->items = (const fp4d_skinny_item *)params->ptr;
     args->num_items = (int32_t)n_items;
-    args->max_rows = piece;
+    args->max_rows = max_item_rows;
     args->out_type = g->out_type;
     args->out = g->out;
-    args->splits = n_items ? fp4d_cuda_skinny_pick_splits(g->n, g->k, (int32_t)n_items, c->sm_count) : 1;
+    args->splits = n_items ? fp4d_cuda_skinny_pick_splits(g->n, g->k, (int32_t)n_items, max_item_rows, c->sm_count) : 1;
     if (args->splits > 1) {
         size_t pb = 0, cc = 0;
-        fp4d_cuda_skinny_scratch(g->n, (int32_t)n_items, args->splits, piece, &pb, &cc);
+        fp4d_cuda_skinny_scratch(g->n, (int32_t)n_items, args->splits, max_item_rows, &pb, &cc);
         FP4D_FORWARD_IF_ERROR(fp4d_devbuf_reserve(&c->partials, pb, false));
         FP4D_FORWARD_IF_ERROR(fp4d_devbuf_reserve(&c->counters, cc * sizeof(uint32_t), true));
         args->partials = c->partials.ptr;

@@ -509,6 +509,347 @@ __global__ void __launch_bounds__(SK_WARPS * 32) skinny_kernel(const fp4d_skinny
 }
 
 /* ---------------------------------------------------------------------------------------
+ * Decode GEMM: work items of up to 16 rows, K % 64 == 0 (the memory-bound decode shapes
+ * and the grouped MoE GEMM at small token counts)
+ *
+ * Why a second kernel beside skinny_kernel: at M <= 16 the whole cost is streaming the
+ * packed weights, so everything here is arranged around keeping many bytes in flight and
+ * spending few instructions per byte:
+ *  - each block owns 128 weight rows (4 warps x 4 n8 tiles) and one contiguous K range
+ *    (split-K across blocks, fixed-order reduction by the last block to arrive); a warp
+ *    step covers 256 k: lane (g, j) copies 32 contiguous bytes (64 codes) of row g of each
+ *    tile, so the 4 lanes of a row read 128 contiguous bytes, plus the one aligned 4-byte
+ *    word holding those 64 codes' four NVFP4 scales (two MXFP4 scales);
+ *  - a per-warp cp.async ring of DK_STAGES steps (no registers spent on bytes in flight,
+ *    no barrier: each lane reads back only what it copied);
+ *  - NVFP4 scales are folded into one multiply per code pair: the e2m1 magnitude bits
+ *    placed in a bf16 (f16) give value * 2^-126 (2^-14) exactly, and the block scale is
+ *    pre-multiplied by 2^119 (2^7), so the product is value * scale * 2^-7, exact (at
+ *    least 2^-17, a normal number); the 2^7 goes back in f32 after accumulation, which
+ *    commutes exactly with f32 rounding. MXFP4 scales (powers of two up to 2^127) keep the
+ *    two-multiply decode of skinny_kernel.
+ * The k order inside a lane's 64 codes is permuted exactly as in skinny_kernel (pairs of
+ * nibbles i and i+4 of one word), activations loaded in the same order.
+ * ------------------------------------------------------------------------------------- */
+
+constexpr int DK_WARPS = 4, DK_NT = 4, DK_STAGES = 4;
+constexpr int DK_BN = DK_WARPS * DK_NT * 8; /* weight rows per block */
+constexpr int DK_STEP = 256;                /* k per warp step */
+constexpr int DK_SLOTS = DK_WARPS * DK_NT * 4 * 32; /* partial-sum floats per block */
+
+struct dk_stage {
+    uint4    codes[DK_NT][2][32];
+    uint32_t scales[DK_NT][32];
+};
+constexpr size_t DK_SMEM = sizeof(dk_stage) * DK_STAGES * DK_WARPS;
+
+/* Raw bits of nibbles i and i+4 of w as a bf16x2 (value * 2^-126) or half2 (value * 2^-14). */
+template <bool F16>
+__device__ __forceinline__ uint32_t e2m1_pair_raw(uint32_t w, int i)
+{
+    const int mag_shift = F16 ? 9 - 4 * i : 6 - 4 * i;
+    const uint32_t mag_mask = F16 ? 0x0E000E00u : 0x01C001C0u;
+    const uint32_t mag = (mag_shift >= 0 ? (w << mag_shift) : (w >> -mag_shift)) & mag_mask;
+    const uint32_t sign = (w << (12 - 4 * i)) & 0x80008000u;
+    return mag | sign;
+}
+
+template <bool F16> __device__ __forceinline__ uint32_t mul2(uint32_t x, uint32_t y)
+{
+    if (F16) return half2_bits(__hmul2(bits_half2(x), bits_half2(y)));
+    return bf16x2_bits(__hmul2(bits_bf16x2(x), bits_bf16x2(y)));
+}
+
+/* Four ue4m3 scales (one per byte) as folded pairs: bf16x2 of s * 2^119 (F16: half2 of
+ * s * 2^7). ue4m3 bytes with bit 7 set are NaN (formats.h): they become 0xFF, NaN in e4m3. */
+template <bool F16>
+__device__ __forceinline__ void nv_scales_folded(uint32_t sw, uint32_t out[4])
+{
+    const uint32_t m = sw & 0x80808080u;
+    sw |= m - (m >> 7);
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const __half2_raw raw = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)((sw >> (16 * h)) & 0xFFFFu), __NV_E4M3);
+        const __half2 s2 = *reinterpret_cast<const __half2 *>(&raw);
+        if (F16) {
+            const __half2 f = __hmul2(s2, __float2half2_rn(128.0f));
+            out[2 * h] = half2_bits(__lows2half2(f, f));
+            out[2 * h + 1] = half2_bits(__highs2half2(f, f));
+        } else {
+            const float2 f = __half22float2(s2);
+            out[2 * h] = bf16x2_bits(__floats2bfloat162_rn(f.x * 0x1p119f, f.x * 0x1p119f));
+            out[2 * h + 1] = bf16x2_bits(__floats2bfloat162_rn(f.y * 0x1p119f, f.y * 0x1p119f));
+        }
+    }
+}
+
+/* A ue8m0 byte as a bf16x2 pair of 2^(b-127), exact (0 is the bf16 subnormal 2^-127). */
+__device__ __forceinline__ uint32_t mx_scale_pair(uint32_t b)
+{
+    const uint32_t h = b == 0xFFu ? 0x7FC0u : b == 0 ? 0x0040u : (b << 7);
+    return h | (h << 16);
+}
+
+/* Column part of a scale offset (spec §6) for logical column c. */
+__device__ __forceinline__ int64_t scale_col_off(int layout, int64_t c)
+{
+    if (layout == FP4D_LAYOUT_LINEAR) return c;
+    return (c >> 2) * (layout == FP4D_LAYOUT_SWIZZLED_128X4 ? 512 : 32) + (c & 3);
+}
+/* Row part of a scale offset (C logical scale columns). */
+__device__ __forceinline__ int64_t scale_row_off(int layout, int64_t C, int64_t r)
+{
+    if (layout == FP4D_LAYOUT_LINEAR) return r * C;
+    const int64_t Cp = (C + 3) & ~(int64_t)3;
+    if (layout == FP4D_LAYOUT_SWIZZLED_128X4) return (r >> 7) * (128 * Cp) + (r & 31) * 16 + ((r >> 5) & 3) * 4;
+    return (r >> 3) * (8 * Cp) + (r & 7) * 4;
+}
+
+/*
+ * The 64 activations of one row at k0 .. k0+63 as 32 bf16x2 / half2 pairs in the lane's
+ * permuted order: out[4q + i] = (x[8q + i], x[8q + i + 4]). FP4 activations are decoded
+ * exactly (NVFP4 folded like the weights: value * 2^-7; MXFP4 exact value).
+ */
+template <int AK>
+__device__ __forceinline__ void dk_load_a_word(const fp4d_skinny_args &p, const uint8_t *arow, const uint4 *acodes,
+                                               const uint32_t *ascale2, bool valid, int q, uint32_t out[4])
+{
+    if (!valid) {
+#pragma unroll
+        for (int i = 0; i < 4; i++) out[i] = 0;
+        return;
+    }
+    if (AK == AK_FP4) {
+        const uint4 v = acodes[q >> 2];
+        const uint32_t w = (q & 3) == 0 ? v.x : (q & 3) == 1 ? v.y : (q & 3) == 2 ? v.z : v.w;
+        if (p.a_type == FP4D_DTYPE_NVFP4) {
+#pragma unroll
+            for (int i = 0; i < 4; i++) out[i] = mul2<false>(e2m1_pair_raw<false>(w, i), ascale2[q >> 1]);
+        } else {
+            const uint32_t pow2 = bf16x2_bits(__floats2bfloat162_rn(0x1p126f, 0x1p126f));
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+                out[i] = mul2<false>(mul2<false>(e2m1_pair_raw<false>(w, i), pow2), ascale2[q >> 2]);
+        }
+    } else {
+        (void)acodes;
+        (void)ascale2;
+        const uint4 v = __ldg((const uint4 *)arow + q);
+        out[0] = __byte_perm(v.x, v.z, 0x5410);
+        out[1] = __byte_perm(v.x, v.z, 0x7632);
+        out[2] = __byte_perm(v.y, v.w, 0x5410);
+        out[3] = __byte_perm(v.y, v.w, 0x7632);
+    }
+}
+
+/* FP4 activations of one row for one step: 32 code bytes and the decoded scale pairs. */
+__device__ __forceinline__ void dk_load_a_fp4(const fp4d_skinny_args &p, int64_t row, int64_t k0, bool valid,
+                                              uint4 codes[2], uint32_t scale2[4])
+{
+    if (!valid) {
+        codes[0] = codes[1] = make_uint4(0, 0, 0, 0);
+#pragma unroll
+        for (int i = 0; i < 4; i++) scale2[i] = 0;
+        return;
+    }
+    const uint4 *src = (const uint4 *)((const uint8_t *)p.a + row * (p.k / 2) + k0 / 2);
+    codes[0] = __ldg(src);
+    codes[1] = __ldg(src + 1);
+    if (p.a_type == FP4D_DTYPE_NVFP4) {
+        const int64_t C = p.k / 16;
+        const int64_t off = scale_row_off(p.a_layout, C, row) + scale_col_off(p.a_layout, k0 / 16);
+        nv_scales_folded<false>(__ldg((const uint32_t *)(p.a_scales + off)), scale2);
+    } else {
+        const int64_t C = p.k / 32;
+        const int64_t off = scale_row_off(p.a_layout, C, row) + scale_col_off(p.a_layout, k0 / 32);
+        const uint32_t two = __ldg((const uint16_t *)(p.a_scales + off)); /* c even: 2-byte aligned */
+        scale2[0] = mx_scale_pair(two & 0xFFu);
+        scale2[1] = mx_scale_pair(two >> 8);
+        scale2[2] = scale2[3] = 0;
+    }
+}
+
+template <int AK, bool BNV, bool ROWS16>
+__global__ void __launch_bounds__(DK_WARPS * 32, 3) decode_kernel(const fp4d_skinny_args p)
+{
+    constexpr bool F16 = AK == AK_F16;
+    static_assert(BNV || !F16, "f16 activations with MXFP4 weights take the simt path");
+    extern __shared__ __align__(16) uint8_t dk_smem_raw[];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, j = lane & 3;
+    dk_stage *ring = reinterpret_cast<dk_stage *>(dk_smem_raw) + warp * DK_STAGES;
+
+    const fp4d_skinny_item it = p.items[blockIdx.z];
+    const uint8_t *bcodes = p.b_codes[it.expert];
+    const uint8_t *bscales = p.b_scales[it.expert];
+    const int64_t K = p.k, steps = (K + DK_STEP - 1) / DK_STEP;
+    const int64_t s_begin = steps * blockIdx.y / p.splits, s_end = steps * (blockIdx.y + 1) / p.splits;
+    const int64_t bC = K / (BNV ? 16 : 32);
+    const int64_t n_warp = (int64_t)blockIdx.x * DK_BN + warp * DK_NT * 8;
+
+    /* per tile: this lane's weight row and the row part of its scale offsets */
+    const uint8_t *brow[DK_NT];
+    int64_t srow[DK_NT];
+    bool nvalid[DK_NT];
+#pragma unroll
+    for (int t = 0; t < DK_NT; t++) {
+        const int64_t n = n_warp + t * 8 + g;
+        nvalid[t] = n < p.n;
+        brow[t] = bcodes + (nvalid[t] ? n : 0) * (K / 2) + 32 * j;
+        srow[t] = scale_row_off(p.b_layout, bC, nvalid[t] ? n : 0);
+    }
+
+    auto issue = [&](int64_t s, int stage) {
+        const bool kv = s < s_end && s * DK_STEP + 64 * j < K;
+        const int64_t c = BNV ? (s * DK_STEP + 64 * j) / 16 : (s * DK_STEP + 64 * j) / 32;
+        const int64_t coff = kv ? scale_col_off(p.b_layout, c) : 0;
+#pragma unroll
+        for (int t = 0; t < DK_NT; t++) {
+            const bool v = kv && nvalid[t];
+            const uint8_t *src = v ? brow[t] + s * (DK_STEP / 2) : bcodes;
+            cp_async_16((uint32_t)__cvta_generic_to_shared(&ring[stage].codes[t][0][lane]), src, v);
+            cp_async_16((uint32_t)__cvta_generic_to_shared(&ring[stage].codes[t][1][lane]), src + (v ? 16 : 0), v);
+            const int64_t off = srow[t] + coff;
+            /* NVFP4: the 4 scales are one aligned word. MXFP4: 2 scales at an even offset;
+             * copy only bytes that exist (the word's upper half is zero-filled) */
+            const uint8_t *ssrc = v ? bscales + (off & ~(int64_t)3) : bscales;
+            const int bytes = !v ? 0 : BNV ? 4 : (off & 3) ? 4 : 2;
+            asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(
+                             (uint32_t)__cvta_generic_to_shared(&ring[stage].scales[t][lane])),
+                         "l"(ssrc), "r"(bytes));
+        }
+    };
+
+    float acc[DK_NT][4];
+#pragma unroll
+    for (int t = 0; t < DK_NT; t++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) acc[t][e] = 0.0f;
+
+    const int64_t row_lo = (int64_t)it.row0 + g, row_hi = row_lo + 8;
+    const bool lo_valid = g < it.rows, hi_valid = ROWS16 && g + 8 < it.rows;
+
+#pragma unroll
+    for (int st = 0; st < DK_STAGES - 1; st++) {
+        issue(s_begin + st, st);
+        cp_async_commit();
+    }
+    int stage = 0;
+    for (int64_t s = s_begin; s < s_end; s++) {
+        cp_async_wait<DK_STAGES - 2>();
+        uint4 w[DK_NT][2];
+        uint32_t sw[DK_NT];
+#pragma unroll
+        for (int t = 0; t < DK_NT; t++) {
+            w[t][0] = ring[stage].codes[t][0][lane];
+            w[t][1] = ring[stage].codes[t][1][lane];
+            sw[t] = ring[stage].scales[t][lane];
+        }
+        issue(s + DK_STAGES - 1, stage == 0 ? DK_STAGES - 1 : stage - 1);
+        cp_async_commit();
+        stage = stage == DK_STAGES - 1 ? 0 : stage + 1;
+
+        const int64_t k0 = s * DK_STEP + 64 * j;
+        const bool kv = k0 < K;
+        /* weight scale pairs: NVFP4 folded (index q>>1), MXFP4 plain (index q>>2) */
+        uint32_t bs2[DK_NT][4];
+#pragma unroll
+        for (int t = 0; t < DK_NT; t++) {
+            if (BNV) {
+                nv_scales_folded<F16>(sw[t], bs2[t]);
+            } else {
+                /* the two scales sit at byte (off & 3) of the copied word (0 or 2) */
+                const int64_t off = srow[t] + scale_col_off(p.b_layout, (s * DK_STEP + 64 * j) / 32);
+                const uint32_t two = sw[t] >> ((off & 3) * 8);
+                bs2[t][0] = mx_scale_pair(two & 0xFFu);
+                bs2[t][1] = mx_scale_pair((two >> 8) & 0xFFu);
+                bs2[t][2] = bs2[t][3] = 0;
+            }
+        }
+        const uint16_t *plain = (const uint16_t *)p.a;
+        const uint8_t *arow_lo = (const uint8_t *)(plain + (lo_valid ? row_lo : 0) * K + k0);
+        const uint8_t *arow_hi = (const uint8_t *)(plain + (hi_valid ? row_hi : 0) * K + k0);
+        uint4 acodes_lo[2], acodes_hi[2];
+        uint32_t as2_lo[4], as2_hi[4];
+        if (AK == AK_FP4) {
+            dk_load_a_fp4(p, row_lo, k0, kv && lo_valid, acodes_lo, as2_lo);
+            if (ROWS16) dk_load_a_fp4(p, row_hi, k0, kv && hi_valid, acodes_hi, as2_hi);
+        }
+#pragma unroll
+        for (int q = 0; q < 8; q++) {
+            uint32_t alo[4], ahi[4] = {0, 0, 0, 0};
+            dk_load_a_word<AK>(p, arow_lo, acodes_lo, as2_lo, kv && lo_valid, q, alo);
+            if (ROWS16) dk_load_a_word<AK>(p, arow_hi, acodes_hi, as2_hi, kv && hi_valid, q, ahi);
+#pragma unroll
+            for (int t = 0; t < DK_NT; t++) {
+                const uint4 v = w[t][q >> 2];
+                const uint32_t word = (q & 3) == 0 ? v.x : (q & 3) == 1 ? v.y : (q & 3) == 2 ? v.z : v.w;
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    uint32_t b[2];
+#pragma unroll
+                    for (int x = 0; x < 2; x++) {
+                        const uint32_t raw = e2m1_pair_raw<F16>(word, 2 * h + x);
+                        if (BNV) {
+                            b[x] = mul2<F16>(raw, bs2[t][q >> 1]);
+                        } else {
+                            const uint32_t pow2 = bf16x2_bits(__floats2bfloat162_rn(0x1p126f, 0x1p126f));
+                            b[x] = mul2<false>(mul2<false>(raw, pow2), bs2[t][q >> 2]);
+                        }
+                    }
+                    const uint32_t af[4] = {alo[2 * h], ahi[2 * h], alo[2 * h + 1], ahi[2 * h + 1]};
+                    mma_16816<F16>(acc[t], af, b);
+                }
+            }
+        }
+    }
+    cp_async_wait<0>();
+
+    /* rows of each accumulator element: e < 2 row g, e >= 2 row g + 8 */
+    auto row_ok = [&](int e) { return e < 2 ? lo_valid : hi_valid; };
+    if (p.splits > 1) {
+        const int64_t tile = (int64_t)blockIdx.z * gridDim.x + blockIdx.x;
+        float *base = p.partials + tile * (int64_t)p.splits * DK_SLOTS;
+        float *mine = base + (int64_t)blockIdx.y * DK_SLOTS;
+#pragma unroll
+        for (int t = 0; t < DK_NT; t++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                if (row_ok(e)) __stcg(mine + ((warp * DK_NT + t) * 4 + e) * 32 + lane, acc[t][e]);
+        __threadfence();
+        __syncthreads();
+        __shared__ uint32_t dk_prev;
+        if (threadIdx.x == 0) dk_prev = atomicAdd(p.counters + tile, 1u);
+        __syncthreads();
+        if (dk_prev != (uint32_t)p.splits - 1) return;
+        __threadfence();
+#pragma unroll
+        for (int t = 0; t < DK_NT; t++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                if (!row_ok(e)) continue;
+                float sum = 0.0f;
+                for (int sp = 0; sp < p.splits; sp++)
+                    sum += __ldcg(base + (int64_t)sp * DK_SLOTS + ((warp * DK_NT + t) * 4 + e) * 32 + lane);
+                acc[t][e] = sum;
+            }
+        if (threadIdx.x == 0) p.counters[tile] = 0;
+    }
+
+    /* undo the 2^-7 of each folded NVFP4 operand (exact), then alpha: one rounding */
+    const float unfold = (BNV ? 128.0f : 1.0f) * (AK == AK_FP4 && p.a_type == FP4D_DTYPE_NVFP4 ? 128.0f : 1.0f);
+    const float alpha = p.alpha[it.expert];
+#pragma unroll
+    for (int t = 0; t < DK_NT; t++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int64_t col = n_warp + t * 8 + 2 * j + (e & 1);
+            if (row_ok(e) && col < p.n)
+                store_out(p.out_type, p.out, ((e < 2 ? row_lo : row_hi)) * p.n + col, alpha * (acc[t][e] * unfold));
+        }
+}
+
+/* ---------------------------------------------------------------------------------------
  * Tiled GEMM (dense bf16/f16 operands)
  * ------------------------------------------------------------------------------------- */
 
@@ -736,6 +1077,93 @@ __global__ void quantize_nvfp4_kernel<__nv_bfloat16>(const __nv_bfloat16 *__rest
     }
 }
 
+/*
+ * e2m1 code of y with the same result as f32_to_e2m1 for every y that an FMUL can produce
+ * (checked exhaustively on all 2^32 f32 patterns; they differ only for signalling NaNs,
+ * which arithmetic never returns). Fewer instructions than the comparison chain:
+ *  - NaN -> +FLT_MAX (so code +6, sign cleared), everything else keeps its sign;
+ *  - |y| clamped to 6 (saturation), then rounded to the e2m1 grid by one add/subtract of
+ *    C = 2^22 * max(1, 2^floor(log2 a)), whose ulp is the grid step at a (0.5 below 2, 1
+ *    in [2, 4), 2 in [4, 6]) - round-to-nearest-even of the add is e2m1's tie rule;
+ *  - r * 2^-126 puts e2m1's 3 magnitude bits at f32 bits 24..22 (code 1 = 0.5 lands on a
+ *    subnormal; this file is compiled without flush-to-zero).
+ */
+__device__ __forceinline__ uint32_t f32_to_e2m1_fast(float y)
+{
+    const float z = fminf(y, FLT_MAX);
+    const float a = fminf(fabsf(z), 6.0f);
+    const uint32_t cb = max(__float_as_uint(a) & 0x7F800000u, 0x3F800000u) + 0x0B000000u;
+    const float c = __uint_as_float(cb);
+    const float r = __fsub_rn(__fadd_rn(a, c), c);
+    return (__float_as_uint(__fmul_rn(r, 0x1p-126f)) >> 22) | ((__float_as_uint(z) >> 28) & 8u);
+}
+
+/*
+ * bf16 -> NVFP4 when cols % 64 == 0 (scale columns come in aligned groups of 4 in every
+ * layout). A warp takes 128 consecutive blocks (4 KB of bf16) per iteration and lane l
+ * holds 16-byte piece 32i + l (i = 0..7): all eight loads are issued before any use, each
+ * warp-wide load and store is contiguous (512 B in, 128 B of codes out), the two lanes of
+ * a block combine their max with one shuffle, and each group of 4 blocks' scale bytes is
+ * gathered by shuffles into one aligned 4-byte store. Same arithmetic as
+ * quantize_nvfp4_kernel, so bit-identical.
+ */
+__global__ void __launch_bounds__(256) quantize_bf16_x64_kernel(const uint4 *__restrict__ src, int64_t total_blocks,
+                                                                int64_t C, float gs, int layout,
+                                                                uint32_t *__restrict__ codes,
+                                                                uint8_t *__restrict__ scales)
+{
+    const float rcp_gs = __fdiv_rn(1.0f, gs);
+    const float gs_div6 = __fmul_rn(gs, __fdiv_rn(1.0f, 6.0f));
+    const int lane = threadIdx.x & 31;
+    const int64_t warps = (int64_t)gridDim.x * (blockDim.x / 32);
+    for (int64_t chunk = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32; chunk * 128 < total_blocks;
+         chunk += warps) {
+        const int64_t b0 = chunk * 128;
+        uint4 v[8];
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            const bool valid = b0 + 16 * i + (lane >> 1) < total_blocks;
+            v[i] = valid ? __ldcs(src + b0 * 2 + 32 * i + lane) : make_uint4(0, 0, 0, 0);
+        }
+        /* row and column of this lane's group-of-4 leader block for i = 0, advanced by 16 */
+        int64_t r = (b0 + (lane >> 1)) / C, c = (b0 + (lane >> 1)) % C;
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            const bool valid = b0 + 16 * i + (lane >> 1) < total_blocks;
+            const uint32_t wv[4] = {v[i].x, v[i].y, v[i].z, v[i].w};
+            float x[8];
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                x[2 * e] = __int_as_float((int)(wv[e] << 16));
+                x[2 * e + 1] = __int_as_float((int)(wv[e] & 0xFFFF0000u));
+            }
+            float vmax = fabsf(x[0]);
+#pragma unroll
+            for (int e = 1; e < 8; e++) vmax = fmaxf(vmax, fabsf(x[e]));
+            vmax = fmaxf(vmax, __shfl_xor_sync(0xffffffffu, vmax, 1));
+            const float sf = vmax != 0.0f ? __fmul_rn(vmax, gs_div6) : 0.0f;
+            const uint32_t sfbyte = f32_to_e4m3_satfinite(sf);
+            const float sfq = ue4m3_to_f32(sfbyte);
+            const float out_scale = vmax != 0.0f ? fminf(__fdiv_rn(1.0f, __fmul_rn(sfq, rcp_gs)), FLT_MAX) : 0.0f;
+            uint32_t word = 0;
+#pragma unroll
+            for (int e = 0; e < 8; e++) word |= f32_to_e2m1_fast(__fmul_rn(x[e], out_scale)) << (4 * e);
+            if (valid) __stcs(codes + b0 * 2 + 32 * i + lane, word);
+            /* lanes 8m hold block 4m's scale; gather blocks 4m+1..4m+3 from lanes +2, +4, +6 */
+            const uint32_t s1 = __shfl_down_sync(0xffffffffu, sfbyte, 2);
+            const uint32_t s2 = __shfl_down_sync(0xffffffffu, sfbyte, 4);
+            const uint32_t s3 = __shfl_down_sync(0xffffffffu, sfbyte, 6);
+            if ((lane & 7) == 0 && valid)
+                *(uint32_t *)(scales + scale_offset(layout, C, r, c)) = sfbyte | (s1 << 8) | (s2 << 16) | (s3 << 24);
+            c += 16;
+            while (c >= C) {
+                c -= C;
+                r++;
+            }
+        }
+    }
+}
+
 /* max |x| ignoring NaN; non-negative floats order like their bit patterns */
 template <typename T>
 __global__ void amax_kernel(const T *__restrict__ src, size_t count, unsigned int *out)
@@ -822,20 +1250,65 @@ extern "C" int fp4d_cuda_simt_gemm(const float *a, const float *b, int64_t m, in
     return (int)cudaGetLastError();
 }
 
+/* The decode kernel takes work items of up to 16 rows when K % 64 == 0 (its lanes own 64
+ * k each and read whole aligned scale words). */
+static bool decode_kernel_applies(int64_t k, int32_t max_rows) { return max_rows <= 16 && k % 64 == 0; }
+
 extern "C" void fp4d_cuda_skinny_scratch(int64_t n, int32_t num_items, int32_t splits, int32_t max_rows,
                                          size_t *partial_bytes, size_t *counter_count)
 {
+    /* enough for either kernel: skinny_kernel tiles of 32 rows, decode_kernel of 128 */
     const int64_t tiles = (n + SK_BN - 1) / SK_BN * num_items;
+    const int64_t dk_tiles = (n + DK_BN - 1) / DK_BN * num_items;
     const int mt = max_rows > 16 ? 2 : 1;
-    *partial_bytes = splits > 1 ? (size_t)tiles * splits * (mt * SK_NT * 4) * 32 * sizeof(float) : 0;
+    const size_t sk = (size_t)tiles * splits * (mt * SK_NT * 4) * 32;
+    const size_t dk = (size_t)dk_tiles * splits * DK_SLOTS;
+    *partial_bytes = splits > 1 ? (sk > dk ? sk : dk) * sizeof(float) : 0;
     *counter_count = splits > 1 ? (size_t)tiles : 0;
 }
 
-extern "C" int32_t fp4d_cuda_skinny_pick_splits(int64_t n, int64_t k, int32_t num_items, int sm_count)
+/* Resident decode blocks per multiprocessor (shared memory bound: 3 on sm_90). */
+static int decode_blocks_per_sm(void)
 {
+    static int cached = 0;
+    if (cached == 0) {
+        int b = 0;
+        if (cudaFuncSetAttribute(decode_kernel<AK_BF16, true, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 (int)DK_SMEM) != cudaSuccess ||
+            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, decode_kernel<AK_BF16, true, false>, DK_WARPS * 32,
+                                                          DK_SMEM) != cudaSuccess ||
+            b < 1) {
+            (void)cudaGetLastError();
+            b = 1;
+        }
+        cached = b;
+    }
+    return cached;
+}
+
+static int64_t env_int(const char *name, int64_t fallback)
+{
+    const char *v = getenv(name);
+    return v && atoll(v) > 0 ? atoll(v) : fallback;
+}
+
+extern "C" int32_t fp4d_cuda_skinny_pick_splits(int64_t n, int64_t k, int32_t num_items, int32_t max_rows, int sm_count)
+{
+    const int64_t sms = sm_count > 0 ? sm_count : 132;
+    if (decode_kernel_applies(k, max_rows)) {
+        /* one (FP4DOCTOR_CUDA_DECODE_WAVES) wave of resident blocks, each a contiguous K range */
+        const int64_t blocks = (n + DK_BN - 1) / DK_BN * num_items;
+        const int64_t steps = (k + DK_STEP - 1) / DK_STEP;
+        const int64_t want = sms * decode_blocks_per_sm() * env_int("FP4DOCTOR_CUDA_DECODE_WAVES", 1);
+        int64_t splits = env_int("FP4DOCTOR_CUDA_DECODE_SPLITS", want / blocks);
+        if (splits > steps) splits = steps;
+        if (splits > 64) splits = 64;
+        if (splits < 1) splits = 1;
+        return (int32_t)splits;
+    }
     const int64_t blocks = (n + SK_BN - 1) / SK_BN * num_items;
     const int64_t chunks = (k + SK_CHUNK - 1) / SK_CHUNK;
-    const int64_t want = (int64_t)(sm_count > 0 ? sm_count : 132) * 8; /* 2 waves of 4-warp blocks at 12-16 warps/SM */
+    const int64_t want = sms * 8; /* 2 waves of 4-warp blocks at 12-16 warps/SM */
     int64_t splits = (want + blocks - 1) / blocks;
     const int64_t max_by_k = chunks / (SK_WARPS * 2); /* keep >= 2 chunks per warp */
     if (splits > max_by_k) splits = max_by_k;
@@ -844,23 +1317,44 @@ extern "C" int32_t fp4d_cuda_skinny_pick_splits(int64_t n, int64_t k, int32_t nu
     return (int32_t)splits;
 }
 
+template <int AK, bool BNV, bool ROWS16>
+static int launch_decode(const fp4d_skinny_args *args, cudaStream_t s)
+{
+    static bool attr_set = false; /* the dynamic shared memory exceeds the 48 KB default */
+    if (!attr_set) {
+        const cudaError_t e = cudaFuncSetAttribute(decode_kernel<AK, BNV, ROWS16>,
+                                                   cudaFuncAttributeMaxDynamicSharedMemorySize, (int)DK_SMEM);
+        if (e != cudaSuccess) return (int)e;
+        attr_set = true;
+    }
+    const dim3 grid((unsigned)((args->n + DK_BN - 1) / DK_BN), (unsigned)args->splits, (unsigned)args->num_items);
+    decode_kernel<AK, BNV, ROWS16><<<grid, DK_WARPS * 32, DK_SMEM, s>>>(*args);
+    return (int)cudaGetLastError();
+}
+
+template <int AK, bool BNV>
+static int launch_decode_rows(const fp4d_skinny_args *args, cudaStream_t s)
+{
+    return args->max_rows > 8 ? launch_decode<AK, BNV, true>(args, s) : launch_decode<AK, BNV, false>(args, s);
+}
+
 extern "C" int fp4d_cuda_skinny_gemm(const fp4d_skinny_args *args, void *stream)
 {
     if (args->k % 32 != 0 || args->num_items <= 0 || args->num_items > 65535 || args->splits < 1 ||
         args->splits > 65535)
         return (int)cudaErrorInvalidValue;
-    const dim3 grid((unsigned)((args->n + SK_BN - 1) / SK_BN), (unsigned)args->splits, (unsigned)args->num_items);
     cudaStream_t s = (cudaStream_t)stream;
-    const bool two = args->max_rows > 16;
     const bool fp4a = args->a_type == FP4D_DTYPE_NVFP4 || args->a_type == FP4D_DTYPE_MXFP4;
-    const char *env = getenv("FP4DOCTOR_CUDA_SKINNY_ASYNC"); /* 0 = register prefetch variant */
-    const bool async = !(env && env[0] == '0');
     const int ak = fp4a ? AK_FP4 : args->a_type == FP4D_DTYPE_F16 ? AK_F16 : AK_BF16;
-#define FP4D_SKINNY_LAUNCH(MT_, AK_)                                                                   \
-    do {                                                                                               \
-        if (async) skinny_kernel<MT_, AK_, true><<<grid, SK_WARPS * 32, 0, s>>>(*args);              \
-        else skinny_kernel<MT_, AK_, false><<<grid, SK_WARPS * 32, 0, s>>>(*args);                   \
-    } while (0)
+    const bool bnv = args->b_format == FP4D_DTYPE_NVFP4;
+    if (decode_kernel_applies(args->k, args->max_rows) && (bnv || ak != AK_F16)) {
+        if (ak == AK_FP4) return bnv ? launch_decode_rows<AK_FP4, true>(args, s) : launch_decode_rows<AK_FP4, false>(args, s);
+        if (ak == AK_F16) return launch_decode_rows<AK_F16, true>(args, s);
+        return bnv ? launch_decode_rows<AK_BF16, true>(args, s) : launch_decode_rows<AK_BF16, false>(args, s);
+    }
+    const dim3 grid((unsigned)((args->n + SK_BN - 1) / SK_BN), (unsigned)args->splits, (unsigned)args->num_items);
+    const bool two = args->max_rows > 16;
+#define FP4D_SKINNY_LAUNCH(MT_, AK_) skinny_kernel<MT_, AK_, true><<<grid, SK_WARPS * 32, 0, s>>>(*args)
     if (ak == AK_FP4) {
         if (two) FP4D_SKINNY_LAUNCH(2, AK_FP4);
         else FP4D_SKINNY_LAUNCH(1, AK_FP4);
@@ -898,7 +1392,14 @@ extern "C" int fp4d_cuda_quantize_nvfp4(int src_type, const void *src, int64_t r
     const int grid = grid_for(work, 256);
     if (src_type == FP4D_DTYPE_F32)
         quantize_nvfp4_kernel<float><<<grid, 256, 0, s>>>((const float *)src, rows, cols, encode_scale, layout, codes, scales);
-    else if (src_type == FP4D_DTYPE_BF16)
+    else if (src_type == FP4D_DTYPE_BF16 && cols % 64 == 0) {
+        /* 128 blocks per warp-iteration; a grid of a few waves of 256-thread blocks */
+        const int64_t chunks = (work + 127) / 128;
+        int64_t blocks = (chunks + 7) / 8;
+        if (blocks > 132 * 64) blocks = 132 * 64;
+        quantize_bf16_x64_kernel<<<(unsigned)blocks, 256, 0, s>>>((const uint4 *)src, work, cols / 16, encode_scale,
+                                                                  layout, (uint32_t *)codes, scales);
+    } else if (src_type == FP4D_DTYPE_BF16)
         quantize_nvfp4_kernel<__nv_bfloat16><<<grid, 256, 0, s>>>((const __nv_bfloat16 *)src, rows, cols, encode_scale,
                                                                    layout, codes, scales);
     else

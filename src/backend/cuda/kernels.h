@@ -60,7 +60,8 @@ int fp4d_cuda_simt_gemm(const float *a, const float *b, int64_t m, int64_t n, in
 /* ---- fused skinny GEMM: streams packed FP4 weights, tensor cores on up to 32 rows -------
  * One work item = up to 32 consecutive rows of A/out that share one weight matrix (one
  * expert). A plain GEMM is items over M; a grouped MoE GEMM is items over each expert's
- * rows. Requires K % 32 == 0. */
+ * rows. Requires K % 32 == 0. Items of at most 16 rows with K % 64 == 0 run the decode
+ * kernel (128 weight rows per block, deep cp.async ring); others the 32-row skinny kernel. */
 typedef struct fp4d_skinny_item {
     int32_t row0;    /* first row of A and out */
     int32_t rows;    /* 1..32 */
@@ -84,7 +85,7 @@ typedef struct fp4d_skinny_args {
     int64_t               n, k;
     const fp4d_skinny_item *items;    /* device array */
     int32_t                 num_items;
-    int32_t                 max_rows; /* max rows of any item: 16 or 32 picks the kernel */
+    int32_t                 max_rows; /* max rows of any item (1..32): picks the kernel */
     int32_t                 out_type;
     void                   *out;      /* [rows_total, N] */
     /* split-K scratch: splits > 1 needs partials and counters from fp4d_cuda_skinny_scratch */
@@ -96,8 +97,9 @@ typedef struct fp4d_skinny_args {
 /* Scratch sizes for a launch (partials in bytes, counters in uint32 elements). */
 void fp4d_cuda_skinny_scratch(int64_t n, int32_t num_items, int32_t splits, int32_t max_rows,
                               size_t *partial_bytes, size_t *counter_count);
-/* Picks a split-K factor that fills the GPU (sm_count multiprocessors). */
-int32_t fp4d_cuda_skinny_pick_splits(int64_t n, int64_t k, int32_t num_items, int sm_count);
+/* Picks a split-K factor that fills the GPU (sm_count multiprocessors) for the kernel
+ * that items of max_rows rows will run. */
+int32_t fp4d_cuda_skinny_pick_splits(int64_t n, int64_t k, int32_t num_items, int32_t max_rows, int sm_count);
 int fp4d_cuda_skinny_gemm(const fp4d_skinny_args *args, void *stream);
 
 /* ---- quantize (flashinfer-exact NVFP4, spec §4.2) ----------------------------------
