@@ -59,6 +59,9 @@ typedef struct fp4d_mistake {
     bool nibble_swap;    /* high and low code of each byte exchanged */
     bool ue8m0_scales;   /* e4m3 scale bytes decoded as ue8m0 */
     bool block32;        /* NVFP4 read with 32-element blocks (scale column = k / 32) */
+    bool block32_stride16; /* with block32: the scale matrix keeps its true K/16 columns
+                              (only the kernel's block constant is 32; the host passed the
+                              right stride) instead of K/32 */
     bool transposed;     /* the [rows, K] memory read as [K, rows] */
     bool transposed_codes_only; /* with transposed: scales still read at (row, k / block) */
 } fp4d_mistake;

@@ -350,9 +350,9 @@ void fp4d_operand_decode_row(const fp4d_operand *op, int64_t r, const fp4d_mista
     const uint8_t *codes = x->data;
     int64_t bs = t->block_size;
     int64_t sc_true = K / bs;
-    bool use32 = mk->block32 && x->dtype == FP4D_DTYPE_NVFP4 && K % 32 == 0;
+    bool use32 = mk->block32 && x->dtype == FP4D_DTYPE_NVFP4 && (K % 32 == 0 || mk->block32_stride16);
     int64_t bs_used = use32 ? 32 : bs;
-    int64_t sc_used = K / bs_used;
+    int64_t sc_used = use32 && mk->block32_stride16 ? sc_true : K / bs_used;
     fp4d_scale_layout lay = x->scale_layout;
     if (mk->misread_layout)
         lay = lay == FP4D_LAYOUT_LINEAR ? FP4D_LAYOUT_SWIZZLED_128X4 : FP4D_LAYOUT_LINEAR;

@@ -22,6 +22,11 @@
 #include "internal.h"
 
 #define GUARD_BYTES 4096
+/* Sentinels cover at least a whole extra copy of the buffer (up to 16 MiB): the common
+ * overrun is one row too many (an off-by-one tile bound), and on LLM shapes one bf16 row
+ * is 8..36 KB; a 4 KB guard let such a write corrupt the heap, which showed up as CRASH
+ * (glibc abort) instead of OOB_WRITE. */
+#define GUARD_EXTRA_MAX ((size_t)16 << 20)
 #define SAMPLE_ALL_BELOW 4096  /* outputs up to this many elements are checked in full */
 #define SAMPLE_COUNT 1024
 #define CAUSE_SAMPLES 160
@@ -55,14 +60,19 @@ static double now_s(void)
 
 static uint8_t guard_byte(size_t i) { return (uint8_t)(0xA5u ^ (i * 29u)); }
 
-/* A buffer of `bytes` framed by GUARD_BYTES of sentinel on both sides. */
+/* Bytes of sentinel on each side of a buffer of `bytes`. */
+static size_t guard_for(size_t bytes) { return GUARD_BYTES + (bytes < GUARD_EXTRA_MAX ? bytes : GUARD_EXTRA_MAX); }
+
+/* A buffer of `bytes` framed by guard_for(bytes) of sentinel on both sides; the buffer
+ * itself starts at raw + guard_for(bytes). */
 static uint8_t *guarded_alloc(size_t bytes)
 {
-    uint8_t *raw = malloc(bytes + 2 * GUARD_BYTES);
+    size_t g = guard_for(bytes);
+    uint8_t *raw = malloc(bytes + 2 * g);
     if (!raw) return NULL;
-    for (size_t i = 0; i < GUARD_BYTES; i++) {
+    for (size_t i = 0; i < g; i++) {
         raw[i] = guard_byte(i);
-        raw[GUARD_BYTES + bytes + i] = guard_byte(i + 7);
+        raw[g + bytes + i] = guard_byte(i + 7);
     }
     return raw;
 }
@@ -72,11 +82,12 @@ static uint8_t *guarded_alloc(size_t bytes)
 static int64_t guard_check(const uint8_t *raw, size_t bytes, int64_t *first_after, int64_t *before)
 {
     int64_t changed = 0;
+    size_t g = guard_for(bytes);
     *first_after = -1;
     *before = 0;
-    for (size_t i = 0; i < GUARD_BYTES; i++) {
+    for (size_t i = 0; i < g; i++) {
         if (raw[i] != guard_byte(i)) changed++, (*before)++;
-        if (raw[GUARD_BYTES + bytes + i] != guard_byte(i + 7)) {
+        if (raw[g + bytes + i] != guard_byte(i + 7)) {
             changed++;
             if (*first_after < 0) *first_after = (int64_t)i;
         }
@@ -374,6 +385,33 @@ static fp4d_cause match_zero_rows(judge_ctx *j, const out_scan *sc, const accura
     return FP4D_CAUSE_TILE_ROWS_MISSING;
 }
 
+/* An INACCURATE output whose every error beyond the f32 bound is under one unit in the last
+ * place of the output type is a rounding problem of the output conversion (e.g. bf16 by
+ * truncation, as a hand-written `bits >> 16` does), not an accumulation problem: say so
+ * instead of blaming the accumulator. Returns false when the errors are larger. */
+static bool match_output_rounding(const judge_ctx *j, char *why, size_t size)
+{
+    int64_t bad = 0, toward_zero = 0;
+    for (size_t i = 0; i < j->num_samples; i++) {
+        const fp4d_sample *s = &j->samples[i];
+        if (!isfinite(s->y) || !isfinite(s->exact)) continue;
+        double err = fabs(s->y - s->exact), b1 = fp4d_bound_fp32(&j->tol, s->exact, s->s);
+        if (err <= b1) continue;
+        /* One ulp of the output type is at most 2*u_out*|x|; b1 covers the accumulation. */
+        if (err > 2.0 * j->tol.u_out * fabs(s->exact) + b1) return false;
+        bad++;
+        if (fabs(s->y) < fabs(s->exact)) toward_zero++;
+    }
+    if (bad == 0) return false;
+    const fp4d_dtype_traits *t = fp4d_dtype_get(j->c->out_type);
+    snprintf(why, size,
+             "every error is below one unit in the last place of %s%s: the conversion of the f32 "
+             "result into %s does not round to nearest even (accumulation is not the problem)",
+             t ? t->name : "the output type", toward_zero == bad ? " and toward zero (truncation)" : "",
+             t ? t->name : "the output type");
+    return true;
+}
+
 /* Judges one output. Fills r (verdict, cause, detail, errors). */
 static fp4d_status judge_gemm_output(judge_ctx *j, const uint8_t *out, out_scan *sc, uint64_t seed,
                                      fp4d_case_result *r, bool want_cause)
@@ -491,7 +529,8 @@ static fp4d_status judge_gemm_output(judge_ctx *j, const uint8_t *out, out_scan 
         cause = fp4d_match_cause(j->d, cs, n, why, sizeof why);
         free(cs);
         if (cause == FP4D_CAUSE_UNKNOWN) cause = match_zero_rows(j, sc, &acc, why, sizeof why);
-        if (cause == FP4D_CAUSE_UNKNOWN && v == FP4D_VERDICT_INACCURATE) {
+        if (cause == FP4D_CAUSE_UNKNOWN && v == FP4D_VERDICT_INACCURATE &&
+            !match_output_rounding(j, why, sizeof why)) {
             cause = FP4D_CAUSE_LOW_PRECISION_ACCUMULATION;
             snprintf(why, sizeof why, "%s",
                      "errors exceed what f32 accumulation allows but stay small relative to the "
@@ -501,6 +540,47 @@ static fp4d_status judge_gemm_output(judge_ctx *j, const uint8_t *out, out_scan 
     }
     result_set(r, v, cause, "%s%s%s", where, why[0] ? "; " : "", why);
     return FP4D_STATUS_OK;
+}
+
+/* ---- inputs are read-only (gemm.h): a backend that writes into them is caught here ---- */
+
+static uint64_t bytes_hash(const void *p, size_t n)
+{
+    const uint8_t *b = p;
+    uint64_t h = 0xcbf29ce484222325u ^ (uint64_t)n;
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        uint64_t w;
+        memcpy(&w, b + i, 8);
+        h = (h ^ w) * 0x100000001b3u;
+        h ^= h >> 29;
+    }
+    for (; i < n; i++) h = (h ^ b[i]) * 0x100000001b3u;
+    return h;
+}
+
+typedef struct input_hashes {
+    uint64_t v[4]; /* A data, A block scales, B data, B block scales (every expert) */
+} input_hashes;
+
+static void hash_inputs(const fp4d_case_data *d, input_hashes *h)
+{
+    memset(h, 0, sizeof *h);
+    h->v[0] = bytes_hash(d->a.data, d->a.data_bytes);
+    if (d->a.scales) h->v[1] = bytes_hash(d->a.scales, d->a.scales_bytes);
+    for (int32_t e = 0; e < d->num_b; e++) {
+        h->v[2] = h->v[2] * 31u + bytes_hash(d->b[e].data, d->b[e].data_bytes);
+        if (d->b[e].scales) h->v[3] = h->v[3] * 31u + bytes_hash(d->b[e].scales, d->b[e].scales_bytes);
+    }
+}
+
+/* The first input buffer whose bytes changed, or NULL. */
+static const char *input_changed(const input_hashes *before, const input_hashes *after)
+{
+    static const char *const names[4] = {"A's data", "A's block scales", "B's data", "B's block scales"};
+    for (int i = 0; i < 4; i++)
+        if (before->v[i] != after->v[i]) return names[i];
+    return NULL;
 }
 
 static bool want_rerun(fp4d_backend_t b, const fp4d_case *c)
@@ -560,9 +640,12 @@ static fp4d_status run_gemm_case(fp4d_backend_t b, const fp4d_case *c, const fp4
         goto done;
     }
     int runs = rerun ? 2 : 1;
+    const size_t guard = guard_for(bytes); /* the output starts at raw[run] + guard */
+    input_hashes inputs_before, inputs_after;
+    hash_inputs(d, &inputs_before);
     fp4d_doctor_call_hook_fire(); /* "call": the time limit for the backend starts */
     for (int run = 0; run < runs; run++) {
-        uint8_t *out = raw[run] + GUARD_BYTES;
+        uint8_t *out = raw[run] + guard;
         poison_fill(c->out_type, out, total);
         fp4d_status call;
         fp4d_clear_error();
@@ -580,7 +663,13 @@ static fp4d_status run_gemm_case(fp4d_backend_t b, const fp4d_case *c, const fp4
             if (dt > 0) r->gflops = 2.0 * (double)c->m * (double)c->n * (double)c->k / dt * 1e-9;
         }
         if (call == FP4D_STATUS_UNSUPPORTED) {
-            result_set(r, FP4D_VERDICT_UNSUPPORTED, FP4D_CAUSE_NONE, "%s",
+            /* supports() said yes above (backend.h: gemm() only sees problems it accepted),
+             * so "unsupported" now is a broken promise, not an honest answer: a server that
+             * picked this backend by asking supports() would fail at run time. */
+            result_set(r, FP4D_VERDICT_ERROR, FP4D_CAUSE_NONE,
+                       "supports() accepted this case, then the %s call returned UNSUPPORTED%s%s%s",
+                       c->op == FP4D_CASE_GEMM ? "gemm()" : "grouped_gemm()", run ? " on the rerun" : "",
+                       why.text[0] || fp4d_last_error()[0] ? ": " : "",
                        why.text[0] ? why.text : fp4d_last_error());
             goto done;
         }
@@ -605,21 +694,33 @@ static fp4d_status run_gemm_case(fp4d_backend_t b, const fp4d_case *c, const fp4
             goto done;
         }
     }
+    /* Writing into an input is writing outside the output too, and it would make every
+     * later judgement (and the rerun) compare against damaged operands. */
+    hash_inputs(d, &inputs_after);
+    const char *clobbered = input_changed(&inputs_before, &inputs_after);
+    if (clobbered) {
+        result_set(r, FP4D_VERDICT_OOB_WRITE, FP4D_CAUSE_NONE,
+                   "the backend wrote into its input (%s changed during the call): gemm.h inputs are "
+                   "read-only, and a caller that reuses them (weights are reused on every call) "
+                   "would compute garbage next time",
+                   clobbered);
+        goto done;
+    }
     st = choose_samples(&j, seed);
     if (st != FP4D_STATUS_OK) goto done;
     out_scan sc = {.poison_per_row = ppr, .nonzero_per_row = nzr};
-    st = judge_gemm_output(&j, raw[0] + GUARD_BYTES, &sc, seed, r, true);
+    st = judge_gemm_output(&j, raw[0] + guard, &sc, seed, r, true);
     if (st != FP4D_STATUS_OK || !rerun) goto done;
     /* Determinism: bit-identical outputs on identical inputs. */
     int64_t ndiff = 0, first = -1;
     for (int64_t i = 0; i < (int64_t)bytes; i += (int64_t)es)
-        if (memcmp(raw[0] + GUARD_BYTES + i, raw[1] + GUARD_BYTES + i, es) != 0) {
+        if (memcmp(raw[0] + guard + i, raw[1] + guard + i, es) != 0) {
             if (first < 0) first = i / (int64_t)es;
             ndiff++;
         }
     if (ndiff > 0) {
         fp4d_case_result r2 = *r;
-        st = judge_gemm_output(&j, raw[1] + GUARD_BYTES, &sc, seed, &r2, false);
+        st = judge_gemm_output(&j, raw[1] + guard, &sc, seed, &r2, false);
         if (st != FP4D_STATUS_OK) goto done;
         /* When one of the two runs is right, the failure is the nondeterminism itself: a
          * kernel that is sometimes wrong. When both are wrong, the worse one stands. */
@@ -658,6 +759,7 @@ static fp4d_status run_quantize_case(fp4d_backend_t b, const fp4d_case *c, const
     int64_t rows = c->m, cols = c->k, sc = cols / t->block_size;
     size_t code_bytes = (size_t)(rows * cols / 2);
     size_t scale_bytes = fp4d_scale_buffer_size(c->a_layout, rows, sc);
+    const size_t cg = guard_for(code_bytes), sg = guard_for(scale_bytes); /* sentinel sizes */
     fp4d_quantize_params qp = {c->b_type, c->convention, c->a_layout, d->static_encode_scale};
     uint8_t *ref_codes = malloc(code_bytes + 1), *ref_scales = malloc(scale_bytes + 1);
     uint8_t *raw_codes[2] = {guarded_alloc(code_bytes), guarded_alloc(code_bytes)};
@@ -678,10 +780,10 @@ static fp4d_status run_quantize_case(fp4d_backend_t b, const fp4d_case *c, const
     }
     fp4d_doctor_call_hook_fire();
     for (int run = 0; run < 2; run++) {
-        memset(raw_codes[run] + GUARD_BYTES, 0x00, code_bytes);
-        memset(raw_scales[run] + GUARD_BYTES, 0x7F, scale_bytes);
+        memset(raw_codes[run] + cg, 0x00, code_bytes);
+        memset(raw_scales[run] + sg, 0x7F, scale_bytes);
         fp4d_quantize_problem q = {qp, FP4D_DTYPE_F32, d->src, rows, cols,
-                                   raw_codes[run] + GUARD_BYTES, raw_scales[run] + GUARD_BYTES, {0, 0}};
+                                   raw_codes[run] + cg, raw_scales[run] + sg, {0, 0}};
         fp4d_reason why = {{0}};
         fp4d_clear_error();
         double t0 = now_s();
@@ -710,7 +812,7 @@ static fp4d_status run_quantize_case(fp4d_backend_t b, const fp4d_case *c, const
             goto done;
         }
     }
-    const uint8_t *codes = raw_codes[0] + GUARD_BYTES, *scales = raw_scales[0] + GUARD_BYTES;
+    const uint8_t *codes = raw_codes[0] + cg, *scales = raw_scales[0] + sg;
     int64_t code_off1 = 0, code_bad = 0, scale_off1 = 0, scale_bad = 0, pad_bad = 0;
     int64_t first_bad = -1;
     for (int64_t i = 0; i < rows * cols; i++) {
@@ -740,8 +842,8 @@ static fp4d_status run_quantize_case(fp4d_backend_t b, const fp4d_case *c, const
             if (scales[i] != ref_scales[i]) logical++;
         pad_bad = logical - scale_off1 - scale_bad;
     }
-    bool nondet = memcmp(raw_codes[0] + GUARD_BYTES, raw_codes[1] + GUARD_BYTES, code_bytes) != 0 ||
-                  memcmp(raw_scales[0] + GUARD_BYTES, raw_scales[1] + GUARD_BYTES, scale_bytes) != 0;
+    bool nondet = memcmp(raw_codes[0] + cg, raw_codes[1] + cg, code_bytes) != 0 ||
+                  memcmp(raw_scales[0] + sg, raw_scales[1] + sg, scale_bytes) != 0;
     bool scale2_bad = c->b_type == FP4D_DTYPE_NVFP4 &&
                       memcmp(&got_res[0].decode_scale, &ref_res.decode_scale, sizeof(float)) != 0;
     r->elements_checked = rows * cols;

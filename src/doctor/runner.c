@@ -452,6 +452,7 @@ static void analyse_m_dependence(fp4d_report *rep, fp4d_backend_report *br, char
     int64_t *fail = malloc((nc ? nc : 1) * sizeof *fail), *pass = malloc((nc ? nc : 1) * sizeof *pass);
     if (!seen || !members || !fail || !pass) goto out;
     mdesc[0] = '\0';
+    size_t best_members = 0;
     for (size_t i = 0; i < nc; i++) {
         if (seen[i] || rep->cases[i].op == FP4D_CASE_QUANTIZE) continue;
         char key[160], k2[160];
@@ -475,7 +476,12 @@ static void analyse_m_dependence(fp4d_report *rep, fp4d_backend_report *br, char
         char desc[200];
         describe_m(fail, nf, pass, np, desc, sizeof desc);
         const fp4d_case *c0 = &rep->cases[members[0]];
-        if (!mdesc[0]) snprintf(mdesc, mdesc_size, "%s on N=%lld K=%lld", desc, (long long)c0->n, (long long)c0->k);
+        /* The summary describes the shape with the widest M sweep (the default suite's
+         * 1..4096 sweep says more than the quick 1..257 one). */
+        if (nm > best_members) {
+            best_members = nm;
+            snprintf(mdesc, mdesc_size, "%s on N=%lld K=%lld", desc, (long long)c0->n, (long long)c0->k);
+        }
         for (size_t t = 0; t < nm; t++) {
             fp4d_case_result *r = &br->results[members[t]];
             if (!hard_failure(r->verdict)) continue;
@@ -516,6 +522,21 @@ static void summarise_backend(fp4d_report *rep, fp4d_backend_report *br)
     for (int c = 1; c < FP4D_CAUSE_COUNT; c++)
         if (c != FP4D_CAUSE_UNKNOWN && cause_count[c] > best) best = cause_count[c], cause = (fp4d_cause)c;
     if (cause == FP4D_CAUSE_NONE && cause_count[FP4D_CAUSE_UNKNOWN]) cause = FP4D_CAUSE_UNKNOWN;
+    /* The worst cases may carry no signature while the backend's other wrong outputs name
+     * the mistake: e4m3 scales decoded as ue8m0 underflow an f16 output to all zeros (ZEROS,
+     * indistinguishable from a kernel that never ran) and give WRONG with a clear match
+     * everywhere else. Then the backend's cause is the most frequent specific cause among
+     * all its wrong outputs, and the summary says where it comes from. */
+    fp4d_cause borrowed = FP4D_CAUSE_NONE;
+    int borrowed_n = 0, wrong_n = 0;
+    if ((cause == FP4D_CAUSE_NONE || cause == FP4D_CAUSE_UNKNOWN) && hard_failure(worst)) {
+        int all_count[FP4D_CAUSE_COUNT] = {0};
+        for (size_t i = 0; i < rep->num_cases; i++)
+            if (hard_failure(br->results[i].verdict)) all_count[br->results[i].cause]++, wrong_n++;
+        for (int c = 1; c < FP4D_CAUSE_COUNT; c++)
+            if (c != FP4D_CAUSE_UNKNOWN && all_count[c] > borrowed_n) borrowed_n = all_count[c], borrowed = (fp4d_cause)c;
+        if (borrowed != FP4D_CAUSE_NONE) cause = borrowed;
+    }
     br->cause = cause;
     if (br->unavailable[0] && nrun == 0) {
         snprintf(br->summary, sizeof br->summary, "UNSUPPORTED here: %s", br->unavailable);
@@ -532,13 +553,18 @@ static void summarise_backend(fp4d_report *rep, fp4d_backend_report *br)
                 pick = i;
                 break;
             }
-        if (cause == FP4D_CAUSE_M_DEPENDENT)
-            snprintf(br->summary, sizeof br->summary, "%s in %zu of %zu cases; %s", fp4d_verdict_name(worst),
-                     nworst, nrun, mdesc);
+        int len;
+        if (cause == FP4D_CAUSE_M_DEPENDENT && borrowed == FP4D_CAUSE_NONE)
+            len = snprintf(br->summary, sizeof br->summary, "%s in %zu of %zu cases; %s", fp4d_verdict_name(worst),
+                           nworst, nrun, mdesc);
         else
-            snprintf(br->summary, sizeof br->summary, "%s in %zu of %zu cases (e.g. %s): %s",
-                     fp4d_verdict_name(worst), nworst, nrun, rep->cases[pick].name,
-                     br->results[pick].detail);
+            len = snprintf(br->summary, sizeof br->summary, "%s in %zu of %zu cases (e.g. %s): %s",
+                           fp4d_verdict_name(worst), nworst, nrun, rep->cases[pick].name,
+                           br->results[pick].detail);
+        if (borrowed != FP4D_CAUSE_NONE && len > 0 && (size_t)len < sizeof br->summary)
+            snprintf(br->summary + len, sizeof br->summary - (size_t)len,
+                     "; cause from its other wrong outputs: %s in %d of %d", fp4d_cause_name(borrowed),
+                     borrowed_n, wrong_n);
     }
 }
 

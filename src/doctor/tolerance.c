@@ -89,7 +89,12 @@ double fp4d_case_call_timeout(const fp4d_case *c, fp4d_backend_kind kind, bool n
      * floor of one second; a device backend's first case in a child gets 30 s more for
      * context creation and kernel selection. */
     double macs = (double)c->m * (double)(c->n > 0 ? c->n : 16) * (double)c->k;
-    double rate = kind == FP4D_BACKEND_KIND_REFERENCE ? 2e7 : 1e8;
+    /* Plugins get the reference's slow rate too: an outsider's first kernel is often a
+     * naive loop (examples/plugin decodes per multiply-add) built without -O2, and a slow
+     * but correct kernel called a hang would be a wrong verdict. Measured: the example
+     * plugin at -O0 needs ~6 s per call on 1x7168x18432, over the 1e8 limit of 11.6 s for
+     * both calls. */
+    double rate = kind == FP4D_BACKEND_KIND_REFERENCE || kind == FP4D_BACKEND_KIND_PLUGIN ? 2e7 : 1e8;
     double t = 1.0 + 4.0 * 2.0 * macs / rate;
     if (needs_device && first_in_child) t += 30.0;
     return t * fp4d_timeout_scale();
