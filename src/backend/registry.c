@@ -15,6 +15,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <signal.h>
+#include <sys/wait.h>
 
 #include "backend/backend_internal.h"
 #include "backend/verdict_cache.h"
@@ -233,6 +235,65 @@ typedef struct loaded_plugin {
 static loaded_plugin loaded_plugins[64];
 static size_t        loaded_plugins_len;
 
+/* In the trial child: accept every registration; the parent validates them for real. */
+static int trial_register(const fp4d_plugin_host *host, const fp4d_backend_iface *iface)
+{
+    (void)host, (void)iface;
+    return 0;
+}
+
+static void trial_log(const fp4d_plugin_host *host, const char *message) { (void)host, (void)message; }
+
+/*
+ * A plugin runs its constructors and fp4d_plugin_init() inside the loading process, before
+ * the doctor can isolate anything. Load it first in a throw-away child, so that a plugin
+ * that crashes or hangs while loading is an error naming it, not a crash of fp4doctor.
+ * FP4DOCTOR_PLUGIN_TRIAL=0 skips this (e.g. under a debugger).
+ */
+static fp4d_status plugin_trial_load(const char *path)
+{
+    const char *env = getenv("FP4DOCTOR_PLUGIN_TRIAL");
+    if (env && !strcmp(env, "0")) return FP4D_STATUS_OK;
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid < 0) return FP4D_STATUS_OK; /* cannot isolate: load it directly, as before */
+    if (pid == 0) {
+        /* The crash must kill this child: drop handlers inherited from the host program. */
+        static const int fatal[] = {SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT, SIGALRM};
+        for (size_t i = 0; i < FP4D_ARRAY_LEN(fatal); i++) signal(fatal[i], SIG_DFL);
+        alarm(20);
+        char rel[4096];
+        snprintf(rel, sizeof rel, "%s%s", strchr(path, '/') ? "" : "./", path);
+        void *h = dlopen(rel, RTLD_NOW | RTLD_LOCAL);
+        if (!h) _exit(0); /* the parent reports dlopen's own message */
+        union {
+            void               *obj;
+            fp4d_plugin_init_fn fn;
+        } entry;
+        entry.obj = dlsym(h, FP4D_PLUGIN_ENTRY_SYMBOL);
+        if (entry.obj) {
+            fp4d_plugin_host host = {.api_version = FP4D_BACKEND_API_VERSION,
+                                     .register_backend = trial_register,
+                                     .log = trial_log};
+            (void)entry.fn(&host);
+        }
+        _exit(0);
+    }
+    int status = 0;
+    while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {}
+    if (WIFSIGNALED(status)) {
+        int sig = WTERMSIG(status);
+        if (sig == SIGALRM)
+            return fp4d_set_error(FP4D_STATUS_INVALID_ARG,
+                                  "plugin %s: loading it or running %s() did not finish within 20 s", path,
+                                  FP4D_PLUGIN_ENTRY_SYMBOL);
+        return fp4d_set_error(FP4D_STATUS_INVALID_ARG,
+                              "plugin %s: crashed (signal %d, %s) while loading or in %s(); not loaded", path, sig,
+                              strsignal(sig), FP4D_PLUGIN_ENTRY_SYMBOL);
+    }
+    return FP4D_STATUS_OK;
+}
+
 fp4d_status fp4d_plugin_load(const char *path)
 {
     FP4D_RETURN_ERROR_IF(!path || !*path, INVALID_ARG, "plugin path is empty");
@@ -242,6 +303,7 @@ fp4d_status fp4d_plugin_load(const char *path)
                          "plugin %s: too many plugins (at most %zu)", path, FP4D_ARRAY_LEN(loaded_plugins));
     FP4D_RETURN_ERROR_IF(access(path, R_OK) != 0, NOT_FOUND, "plugin %s: cannot read the file: %s", path,
                          strerror(errno));
+    FP4D_FORWARD_IF_ERROR(plugin_trial_load(path));
     /* dlopen searches the library path for names without a '/': a plugin is a file. */
     char *rel = NULL;
     if (!strchr(path, '/')) {

@@ -7,9 +7,12 @@
  *   5 too_small          struct_size smaller than the v1 iface
  *   6 registers_nothing  returns 0 without registering anything
  *   7 bad_name           a name with characters outside [a-z0-9_-]
+ *   8 init_crashes       dereferences NULL inside fp4d_plugin_init
+ *   9 init_hangs         never returns from fp4d_plugin_init
  */
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "fp4doctor/plugin.h"
 
@@ -69,6 +72,11 @@ int fp4d_plugin_init(const fp4d_plugin_host *host)
     return 0;
 #elif BROKEN_KIND == 7
     iface.name = "Broken Name!";
+#elif BROKEN_KIND == 8
+    volatile int *volatile nowhere = NULL;
+    *nowhere = 1;
+#elif BROKEN_KIND == 9
+    for (;;) pause();
 #endif
     return host->register_backend(host, &iface);
 }

@@ -97,6 +97,9 @@ static void test_broken_plugins_refused(void **state)
     expect_refused("broken_too_small.so", "struct_size 16");
     expect_refused("broken_registers_nothing.so", "registered no backend");
     expect_refused("broken_bad_name.so", "Broken Name!");
+    /* crashes and hangs while loading are caught in a trial child, not in this process */
+    expect_refused("broken_init_crashes.so", "crashed (signal 11");
+    expect_refused("broken_init_hangs.so", "did not finish within 20 s");
     expect_refused("no_such_plugin.so", "cannot read");
     /* a file that is not a shared library */
     expect_refused("CMakeFiles", "cannot load");
