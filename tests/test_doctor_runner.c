@@ -118,6 +118,49 @@ static void test_quick_suite_classifies_every_faulty_backend(void **state)
     free(out);
 }
 
+/* --device all, simulated on this machine: a fault pinned to device 1 costs device 1's
+ * verdicts only, and the report flags device 1 as disagreeing with device 0. */
+static void test_device_all_isolates_a_pinned_fault(void **state)
+{
+    (void)state;
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd,
+             "FP4DOCTOR_SIMULATE_DEVICES=2 FP4DOCTOR_FAULTY_DEVICE=1 FP4DOCTOR_TIMEOUT_SCALE=%s '%s' check --device all "
+             "--include-faulty --backend faulty-segv,faulty-nibble-swap --suite quick --json - --no-cache 2>/dev/null",
+             timeout_scale(1.0), bin());
+    int rc;
+    char *out = slurp_cmd(cmd, &rc);
+    assert_int_equal(rc, 1);
+    json_error_t err;
+    json_t *j = json_loads(out, 0, &err);
+    if (!j) fail_msg("JSON does not parse: %s (line %d)", err.text, err.line);
+    static const struct {
+        const char *name;
+        int device;
+        const char *verdict;
+        bool differs;
+    } want[] = {
+        {"faulty-segv", 0, "PASS", false},
+        {"faulty-segv", 1, "CRASH", true},
+        {"faulty-nibble-swap", 0, "PASS", false},
+        {"faulty-nibble-swap", 1, "WRONG", true},
+    };
+    json_t *backends = json_object_get(j, "backends");
+    assert_int_equal(json_array_size(backends), 4);
+    for (size_t w = 0; w < sizeof want / sizeof want[0]; w++) {
+        json_t *found = NULL, *b;
+        size_t i;
+        json_array_foreach(backends, i, b)
+            if (!strcmp(json_string_value(json_object_get(b, "name")), want[w].name) &&
+                json_integer_value(json_object_get(b, "device")) == want[w].device) found = b;
+        if (!found) fail_msg("%s on device %d missing from the report", want[w].name, want[w].device);
+        assert_string_equal(json_string_value(json_object_get(found, "verdict")), want[w].verdict);
+        assert_int_equal(json_is_true(json_object_get(found, "device_differs")), want[w].differs);
+    }
+    json_decref(j);
+    free(out);
+}
+
 /* Counts start and end tags; returns false on a mismatch (enough for well-formedness of
  * what the JUnit writer produces: no comments, no CDATA). */
 static bool xml_balanced(const char *s)
@@ -338,6 +381,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_verdict_cache),
+        cmocka_unit_test(test_device_all_isolates_a_pinned_fault),
         cmocka_unit_test(test_cli_usage_errors),
         cmocka_unit_test(test_crash_and_hang_restart_and_reports),
         cmocka_unit_test(test_quick_suite_classifies_every_faulty_backend),

@@ -170,6 +170,9 @@ typedef struct fp4d_backend_report {
     char              summary[800];   /* one line: the worst case, its cause, which M fail */
     char              unavailable[FP4D_REASON_MAX]; /* why it could not be opened, else "" */
     double            best_gflops;    /* fastest passing GEMM case (for the recommendation) */
+    /* --device all: set when this backend's verdicts on this device differ from the same
+     * backend's on the other devices (names the cases and verdicts), else "". */
+    char              device_note[400];
     fp4d_case_result *results;        /* one per case of the report, in case order */
 } fp4d_backend_report;
 
@@ -207,6 +210,18 @@ typedef struct fp4d_doctor_options {
 } fp4d_doctor_options;
 
 #define FP4D_DEVICE_ALL (-2)
+#define FP4D_MAX_REPORT_DEVICES 64
+
+/*
+ * --device all runs one child per (GPU backend, device). Two environment variables let a
+ * single-GPU (or GPU-less) machine exercise that path:
+ *   FP4DOCTOR_SIMULATE_DEVICES=N  `all` means N logical devices; logical device d runs on
+ *                                 physical device d % (real count) (on the same GPU when
+ *                                 there is one).
+ *   FP4DOCTOR_FAULTY_DEVICE=D     with --device all, faulty-* backends run once per device
+ *                                 and misbehave only on device D (a device-side fault
+ *                                 injected into one device's child).
+ */
 
 /* Per-case time limits are multiplied by FP4DOCTOR_TIMEOUT_SCALE (a positive number,
  * default 1): raise it on slow or shared machines. */

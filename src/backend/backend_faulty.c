@@ -35,7 +35,10 @@ typedef enum faulty_kind {
     FAULTY_OOB,
     FAULTY_SEGV,
     FAULTY_HANG,
-    FAULTY_COUNT
+    FAULTY_COUNT,
+    /* Not a backend: the kind an instance takes when FP4DOCTOR_FAULTY_DEVICE pins the fault
+     * to another device (doctor.h): it then computes correctly. */
+    FAULTY_DORMANT
 } faulty_kind;
 
 /* The windows and tiles the table in issue 3 (docs/backends.md) promises. */
@@ -56,13 +59,14 @@ typedef struct faulty_ctx {
 
 static fp4d_status faulty_init(void *user_data, int device, void **ctx, fp4d_reason *why)
 {
-    (void)device;
     faulty_ctx *c = calloc(1, sizeof *c);
     if (!c) {
         snprintf(why->text, sizeof why->text, "out of memory");
         return FP4D_STATUS_NOMEM;
     }
     c->kind    = (faulty_kind)(intptr_t)user_data;
+    const char *pin = getenv("FP4DOCTOR_FAULTY_DEVICE");
+    if (pin && *pin && device >= 0 && atoi(pin) != device) c->kind = FAULTY_DORMANT;
     c->isa     = fp4d_cpu_isa_detect();
     c->threads = fp4d_cpu_default_threads();
     *ctx       = c;

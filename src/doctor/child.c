@@ -20,6 +20,7 @@
 
 #include "doctor_internal.h"
 #include "internal.h"
+#include "backend/gpu_info.h"
 
 static FILE *child_out;
 
@@ -101,7 +102,16 @@ int fp4d_doctor_child_main(int argc, char **argv, int out_fd)
 
     fp4d_backend_t b = NULL;
     fp4d_reason why = {{0}};
-    if (fp4d_backend_open(backend, device, &b, &why) != FP4D_STATUS_OK) {
+    /* FP4DOCTOR_SIMULATE_DEVICES (doctor.h): logical device d runs on physical d % count. */
+    int physical = device;
+    const char *sim = getenv("FP4DOCTOR_SIMULATE_DEVICES");
+    const fp4d_backend_iface *bi = fp4d_registry_find(backend);
+    if (device >= 0 && sim && atoi(sim) > 0 && bi && (bi->caps & FP4D_CAP_NEEDS_DEVICE)) {
+        fp4d_cuda_info ci;
+        fp4d_cuda_query(&ci);
+        if (ci.device_count > 0) physical = ci.gpus[device % ci.device_count].index;
+    }
+    if (fp4d_backend_open(backend, physical, &b, &why) != FP4D_STATUS_OK) {
         emit(json_pack("{s:s, s:s}", "event", "unavailable", "reason",
                        why.text[0] ? why.text : fp4d_last_error()));
         free(cases);

@@ -78,6 +78,42 @@ static void backend_label(const fp4d_backend_report *br, char *out, size_t size)
 
 /* ---- terminal ---- */
 
+/* Distinct GPU devices among the report's rows, in order of first appearance. */
+static size_t devices_of(const fp4d_report *rep, int *devs, size_t cap)
+{
+    size_t nd = 0;
+    for (size_t b = 0; b < rep->num_backends; b++) {
+        int d = rep->backends[b].device;
+        if (d < 0) continue;
+        bool seen = false;
+        for (size_t i = 0; i < nd; i++) seen |= devs[i] == d;
+        if (!seen && nd < cap) devs[nd++] = d;
+    }
+    return nd;
+}
+
+/* Matrix rows of the backends on device `device` (-1: host backends). */
+static void write_matrix_rows(const fp4d_report *rep, FILE *f, bool color, int device, const char **groups,
+                              size_t ng, size_t namew)
+{
+    for (size_t b = 0; b < rep->num_backends; b++) {
+        const fp4d_backend_report *br = &rep->backends[b];
+        if (br->device != device) continue;
+        char l[96];
+        backend_label(br, l, sizeof l);
+        fprintf(f, "%-*s ", (int)namew, l);
+        for (size_t g = 0; g < ng; g++) {
+            fp4d_verdict v = group_verdict(rep, br, groups[g]);
+            const char *txt = v == FP4D_VERDICT_COUNT ? "-" : short_verdict(v);
+            if (color && v != FP4D_VERDICT_COUNT) fprintf(f, " %s%-7s\033[0m", ansi_for(v), txt);
+            else fprintf(f, " %-7s", txt);
+        }
+        const char *vn = fp4d_verdict_name(br->verdict);
+        if (color) fprintf(f, "  %s%-16s\033[0m %s\n", ansi_for(br->verdict), vn, fp4d_cause_name(br->cause));
+        else fprintf(f, "  %-16s %s\n", vn, fp4d_cause_name(br->cause));
+    }
+}
+
 fp4d_status fp4d_report_write_text(const fp4d_report *rep, FILE *f, bool color)
 {
     const char *groups[64];
@@ -94,20 +130,14 @@ fp4d_status fp4d_report_write_text(const fp4d_report *rep, FILE *f, bool color)
     fprintf(f, "%-*s ", (int)namew, "backend");
     for (size_t g = 0; g < ng; g++) fprintf(f, " %-7s", groups[g]);
     fprintf(f, "  %-16s %s\n", "verdict", "cause");
-    for (size_t b = 0; b < rep->num_backends; b++) {
-        const fp4d_backend_report *br = &rep->backends[b];
-        char l[96];
-        backend_label(br, l, sizeof l);
-        fprintf(f, "%-*s ", (int)namew, l);
-        for (size_t g = 0; g < ng; g++) {
-            fp4d_verdict v = group_verdict(rep, br, groups[g]);
-            const char *txt = v == FP4D_VERDICT_COUNT ? "-" : short_verdict(v);
-            if (color && v != FP4D_VERDICT_COUNT) fprintf(f, " %s%-7s\033[0m", ansi_for(v), txt);
-            else fprintf(f, " %-7s", txt);
-        }
-        const char *vn = fp4d_verdict_name(br->verdict);
-        if (color) fprintf(f, "  %s%-16s\033[0m %s\n", ansi_for(br->verdict), vn, fp4d_cause_name(br->cause));
-        else fprintf(f, "  %-16s %s\n", vn, fp4d_cause_name(br->cause));
+    /* Host backends first, then one matrix per GPU device (--device all), so that a device
+     * whose verdicts differ from its siblings' stands out row for row. */
+    int devs[FP4D_MAX_REPORT_DEVICES];
+    size_t nd = devices_of(rep, devs, FP4D_MAX_REPORT_DEVICES);
+    write_matrix_rows(rep, f, color, -1, groups, ng, namew);
+    for (size_t d = 0; d < nd; d++) {
+        if (nd > 1) fprintf(f, "-- device %d --\n", devs[d]);
+        write_matrix_rows(rep, f, color, devs[d], groups, ng, namew);
     }
     fprintf(f, "\n");
     for (size_t b = 0; b < rep->num_backends; b++) {
@@ -115,6 +145,13 @@ fp4d_status fp4d_report_write_text(const fp4d_report *rep, FILE *f, bool color)
         char l[96];
         backend_label(br, l, sizeof l);
         fprintf(f, "%-*s %s\n", (int)namew, l, br->summary);
+    }
+    bool any_diff = false;
+    for (size_t b = 0; b < rep->num_backends; b++) any_diff |= rep->backends[b].device_note[0] != '\0';
+    if (any_diff) {
+        fprintf(f, "\ndevices that disagree:\n");
+        for (size_t b = 0; b < rep->num_backends; b++)
+            if (rep->backends[b].device_note[0]) fprintf(f, "  %s\n", rep->backends[b].device_note);
     }
     fprintf(f, "\nrecommended: %s\n", rep->recommendation);
     return FP4D_STATUS_OK;
@@ -144,6 +181,8 @@ static json_t *report_to_json(const fp4d_report *rep)
         json_object_set_new(bj, "description", json_string(br->description));
         json_object_set_new(bj, "kind", json_string(fp4d_backend_kind_name(br->kind)));
         json_object_set_new(bj, "device", br->device >= 0 ? json_integer(br->device) : json_null());
+        json_object_set_new(bj, "device_differs", json_boolean(br->device_note[0] != '\0'));
+        json_object_set_new(bj, "device_note", br->device_note[0] ? json_string(br->device_note) : json_null());
         json_object_set_new(bj, "available", json_boolean(br->unavailable[0] == '\0'));
         json_object_set_new(bj, "unavailable_reason", br->unavailable[0] ? json_string(br->unavailable) : json_null());
         json_object_set_new(bj, "verdict", json_string(fp4d_verdict_name(br->verdict)));

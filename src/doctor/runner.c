@@ -629,6 +629,61 @@ static bool case_selected(const fp4d_doctor_options *o, const fp4d_case *c)
     return false;
 }
 
+/* A positive count from the environment (FP4DOCTOR_SIMULATE_DEVICES), else 0. */
+static int env_device_count(const char *name)
+{
+    const char *v = getenv(name);
+    if (!v || !*v) return 0;
+    char *end;
+    long n = strtol(v, &end, 10);
+    if (*end || n <= 0) return 0;
+    return n > FP4D_MAX_REPORT_DEVICES ? FP4D_MAX_REPORT_DEVICES : (int)n;
+}
+
+/*
+ * --device all: the same backend on several devices should agree case by case. For each
+ * backend row whose verdicts differ from the majority of its siblings (ties: from the
+ * lowest device), say which cases and how, so that a broken GPU stands out.
+ */
+static void note_device_differences(fp4d_report *rep)
+{
+    for (size_t b = 0; b < rep->num_backends; b++) {
+        fp4d_backend_report *br = &rep->backends[b];
+        if (br->device < 0) continue;
+        /* siblings: the same backend on other devices */
+        size_t agree_rows = 0, rows = 0;
+        const fp4d_backend_report *ref_row = NULL;
+        for (size_t o = 0; o < rep->num_backends; o++) {
+            const fp4d_backend_report *ob = &rep->backends[o];
+            if (o == b || ob->device < 0 || strcmp(ob->name, br->name)) continue;
+            rows++;
+            bool same = true;
+            for (size_t c = 0; c < rep->num_cases && same; c++) same = ob->results[c].verdict == br->results[c].verdict;
+            if (same) agree_rows++;
+            else if (!ref_row) ref_row = ob;
+        }
+        /* Flag this row when no sibling agrees with it. Of a disagreeing pair, flag the one
+         * with the worse overall verdict (the higher-numbered device when they tie). */
+        if (rows == 0 || agree_rows > 0 || !ref_row) continue;
+        if (rows == 1) {
+            bool br_worse  = br->verdict != ref_row->verdict && fp4d_verdict_worst(br->verdict, ref_row->verdict) == br->verdict;
+            bool tie_lower = br->verdict == ref_row->verdict && br->device < ref_row->device;
+            if (!br_worse && (br->verdict != ref_row->verdict || tie_lower)) continue;
+        }
+        size_t ndiff = 0, first = (size_t)-1;
+        for (size_t c = 0; c < rep->num_cases; c++)
+            if (ref_row->results[c].verdict != br->results[c].verdict) {
+                if (first == (size_t)-1) first = c;
+                ndiff++;
+            }
+        if (first == (size_t)-1) continue;
+        snprintf(br->device_note, sizeof br->device_note,
+                 "%s on device %d differs from device %d in %zu case(s), e.g. %s: %s vs %s",
+                 br->name, br->device, ref_row->device, ndiff, rep->cases[first].name,
+                 fp4d_verdict_name(br->results[first].verdict), fp4d_verdict_name(ref_row->results[first].verdict));
+    }
+}
+
 fp4d_status fp4d_doctor_run(const fp4d_doctor_options *opt, fp4d_report *rep)
 {
     FP4D_RETURN_ERROR_IF(!opt || !rep, INVALID_ARG, "NULL argument");
@@ -671,12 +726,43 @@ fp4d_status fp4d_doctor_run(const fp4d_doctor_options *opt, fp4d_report *rep)
     for (size_t i = 0; i < rep->num_cases; i++)
         if (case_selected(opt, &rep->cases[i])) todo[ntodo++] = (int32_t)i;
 
+    /* The devices `all` stands for: the real ones, or FP4DOCTOR_SIMULATE_DEVICES logical
+     * ones mapped onto them (doctor.h), so the per-device path runs on one GPU or none. */
+    int all_devs[FP4D_MAX_REPORT_DEVICES], n_all = 0;
+    int simulated = env_device_count("FP4DOCTOR_SIMULATE_DEVICES");
+    if (simulated > 0)
+        for (int d = 0; d < simulated; d++) all_devs[n_all++] = d;
+    else
+        for (int d = 0; d < ci.device_count && d < FP4D_MAX_GPUS; d++) all_devs[n_all++] = ci.gpus[d].index;
+    /* FP4DOCTOR_FAULTY_DEVICE: faulty backends run per device so a fault pinned to one
+     * device can be seen to cost that device's verdicts only. */
+    bool faulty_per_device = opt->device == FP4D_DEVICE_ALL && getenv("FP4DOCTOR_FAULTY_DEVICE") && n_all > 0;
+    if (faulty_per_device || simulated > 0) {
+        size_t need = nif * (size_t)(n_all > 0 ? n_all : 1) + 1;
+        if (need > cap) {
+            void *nb = realloc(rep->backends, need * sizeof *rep->backends);
+            void *nj = nb ? realloc(jobs, need * sizeof *jobs) : NULL;
+            if (nb) rep->backends = nb;
+            if (nj) jobs = nj;
+            if (!nb || !nj) {
+                free(jobs), free(todo);
+                fp4d_report_free(rep);
+                return fp4d_set_error(FP4D_STATUS_NOMEM, "out of memory");
+            }
+            memset(rep->backends + cap, 0, (need - cap) * sizeof *rep->backends);
+            memset(jobs + cap, 0, (need - cap) * sizeof *jobs);
+            cap = need;
+        }
+    }
+
     fp4d_status st = FP4D_STATUS_OK;
     for (size_t i = 0; i < nif; i++) {
-        int devs[FP4D_MAX_GPUS], nd = 0;
-        if (!(ifaces[i]->caps & FP4D_CAP_NEEDS_DEVICE)) devs[nd++] = -1;
-        else if (opt->device == FP4D_DEVICE_ALL && ci.device_count > 0)
-            for (int d = 0; d < ci.device_count && d < FP4D_MAX_GPUS; d++) devs[nd++] = ci.gpus[d].index;
+        int devs[FP4D_MAX_REPORT_DEVICES], nd = 0;
+        bool per_device = (ifaces[i]->caps & FP4D_CAP_NEEDS_DEVICE) ||
+                          (faulty_per_device && ifaces[i]->kind == FP4D_BACKEND_KIND_FAULTY);
+        if (!per_device) devs[nd++] = -1;
+        else if (opt->device == FP4D_DEVICE_ALL && n_all > 0)
+            for (int d = 0; d < n_all; d++) devs[nd++] = all_devs[d];
         else devs[nd++] = opt->device >= 0 ? opt->device : 0;
         for (int d = 0; d < nd; d++) {
             fp4d_backend_report *br = &rep->backends[rep->num_backends];
@@ -733,6 +819,7 @@ fp4d_status fp4d_doctor_run(const fp4d_doctor_options *opt, fp4d_report *rep)
         return st;
     }
     for (size_t b = 0; b < rep->num_backends; b++) summarise_backend(rep, &rep->backends[b]);
+    note_device_differences(rep);
     recommend(rep);
     rep->wall_s = now_s() - t0;
     return FP4D_STATUS_OK;
