@@ -89,16 +89,28 @@ static void gemm_usage(FILE *f)
             "     U8 [N, K/32]: MXFP4) and, for NVFP4, NAME_scale_2\n"
             "  alpha = RN_f32(A's scale_2 * B's scale_2), 1 for an operand without one.\n\n"
             "options:\n"
-            "  --backend NAME   ref (default: the exact reference), cpu, cublaslt, ... (fp4doctor backends)\n"
+            "  --backend NAME   ref (default: the exact reference), cpu, cublaslt, ... (fp4doctor backends),\n"
+            "                   or auto: the fastest backend the doctor found correct here\n"
+            "                   (FP4DOCTOR_BACKEND forces a choice, FP4DOCTOR_DEBUG=1 says why)\n"
             "  --out-dtype T    f32 (default), bf16 or f16\n"
             "  --device N       GPU index for device backends (default: the backend's default)\n\n"
             "exit codes: 0 written, 1 the backend cannot run it or failed, 2 usage error (unknown backend\n"
             "included), 3 unreadable input or operands that do not fit together, 4 internal error\n");
 }
 
-static int run_backend(const char *cmd, const char *backend, int device, const fp4d_gemm_problem *p)
+/* *backend may be "auto": it is replaced by the backend `auto` chose (backend.h). */
+static int run_backend(const char *cmd, const char **backend_io, int device, const fp4d_gemm_problem *p)
 {
     fp4d_status s = fp4d_registry_init(NULL);
+    if (!strcmp(*backend_io, "auto")) {
+        fp4d_gemm_desc d;
+        fp4d_reason why = {{0}};
+        fp4d_gemm_describe(p, &d);
+        if (fp4d_backend_choose_auto(&d, backend_io, &why) != FP4D_STATUS_OK)
+            return cli_fail(FP4D_EXIT_FAILED, cmd, "auto found no backend for this GEMM: %s",
+                            why.text[0] ? why.text : fp4d_last_error());
+    }
+    const char *backend = *backend_io;
     if (s != FP4D_STATUS_OK && !fp4d_registry_find(backend))
         return cli_fail(FP4D_EXIT_INTERNAL, cmd, "backend registry: %s", fp4d_last_error());
     if (!fp4d_registry_find(backend)) {
@@ -180,7 +192,7 @@ int cmd_gemm(int argc, char **argv)
     }
     if (!rc) {
         fp4d_gemm_problem p = {a.op.m, b.op.m, alpha, out_type, out};
-        rc = run_backend(cmd, backend, device, &p);
+        rc = run_backend(cmd, &backend, device, &p);
     }
     if (!rc) {
         fp4d_st_writer *w = fp4d_st_writer_new();

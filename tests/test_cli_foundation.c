@@ -365,6 +365,23 @@ static void test_gemm_ref_and_verify(void **state)
                      1);
     assert_true(output_contains("stdout.txt", "1 of 30 elements"));
     assert_true(output_contains("stdout.txt", "3 ulps at [1, 1]"));
+    /* --backend auto: FP4DOCTOR_BACKEND forces the choice, FP4DOCTOR_DEBUG=1 says why, and
+     * the file records the backend that ran. */
+    assert_int_equal(run_cli("gemm --backend auto '%s:model.act' '%s:model.w' '%s'", path_of("g_q.safetensors"),
+                             path_of("g_q.safetensors"), path_of("auto_out.safetensors")),
+                     0);
+    setenv("FP4DOCTOR_BACKEND", "ref", 1);
+    setenv("FP4DOCTOR_DEBUG", "1", 1);
+    assert_int_equal(run_cli("gemm --backend auto '%s:model.act' '%s:model.w' '%s'", path_of("g_q.safetensors"),
+                             path_of("g_q.safetensors"), path_of("auto_out.safetensors")),
+                     0);
+    unsetenv("FP4DOCTOR_BACKEND");
+    unsetenv("FP4DOCTOR_DEBUG");
+    assert_true(output_contains("stderr.txt", "FP4DOCTOR_BACKEND"));
+    fo = fp4d_st_open(path_of("auto_out.safetensors"), NULL);
+    assert_non_null(fo);
+    assert_string_equal(fp4d_st_metadata(fo, "fp4doctor.backend"), "ref");
+    fp4d_st_close(fo);
     fp4d_st_close(fq);
 }
 
