@@ -40,6 +40,12 @@ bool cli_use_color(FILE *f);
  * when there is no ':'). Returns false when the spec is empty. Caller frees *path. */
 bool cli_split_tensor_spec(const char *spec, char **path, char **name);
 
+/* Option parsing for a subcommand whose only option is -h/--help: scans argv from index 1 with
+ * getopt_long. Returns -1 when parsing succeeded and the positional arguments start at optind;
+ * otherwise the exit code to return at once: FP4D_EXIT_OK after printing usage to stdout for
+ * --help, FP4D_EXIT_USAGE after a one-line error naming an unknown option. */
+int cli_parse_help_only(int argc, char **argv, void (*usage)(FILE *));
+
 /* Opens FILE for --json FILE|- style options: "-" is stdout. NULL on failure (message printed). */
 FILE *cli_open_output(const char *cmd, const char *path);
 void  cli_close_output(FILE *f);

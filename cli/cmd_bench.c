@@ -20,6 +20,7 @@
 
 #include "backend/gpu_info.h"
 #include "cli.h"
+#include "clock.h"
 #include "fp4doctor/backend.h"
 #include "fp4doctor/formats.h"
 #ifdef FP4D_USE_CUDA
@@ -99,13 +100,6 @@ static bool parse_shapes(const char *s, bench_opts *o)
     return c > 0;
 }
 
-static double now_us(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e6 + ts.tv_nsec / 1e3;
-}
-
 static int cmp_double(const void *a, const void *b)
 {
     const double x = *(const double *)a, y = *(const double *)b;
@@ -138,9 +132,9 @@ static fp4d_status host_time(const fp4d_backend_iface *it, void *ctx, const fp4d
                                {d->b_type, d->n, d->k, b, sb, d->b_layout}, 1.0f, d->out_type, o};
         st = it->gemm(ctx, &p); /* warm-up */
         for (int r = 0; st == FP4D_STATUS_OK && r < repeats; r++) {
-            double t0 = now_us();
+            double t0 = 1e6 * fp4d_now_s();
             st = it->gemm(ctx, &p);
-            t[r] = now_us() - t0;
+            t[r] = 1e6 * fp4d_now_s() - t0;
         }
         if (st == FP4D_STATUS_OK) {
             qsort(t, (size_t)repeats, sizeof *t, cmp_double);
@@ -345,8 +339,7 @@ int cmd_bench(int argc, char **argv)
         } else if (!strcmp(a, "--quick")) {
             quick = true;
         } else {
-            usage(stderr);
-            return cli_fail(FP4D_EXIT_USAGE, cmd, "unknown or incomplete option '%s'", a);
+            return cli_fail(FP4D_EXIT_USAGE, cmd, "unknown or incomplete option '%s' (see fp4doctor bench --help)", a);
         }
     }
     if (quick) {

@@ -7,6 +7,7 @@
  */
 #include <getopt.h>
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -186,6 +187,9 @@ int cmd_gemm(int argc, char **argv)
     void *out = NULL;
     int64_t M = a.op.m.rows, N = b.op.m.rows;
     size_t esize = fp4d_out_elem_size(out_type);
+    /* M and N come from two files' shapes: their product can overflow long before malloc fails. */
+    if (!rc && M > (int64_t)(SIZE_MAX / esize) / N)
+        rc = cli_fail(FP4D_EXIT_INPUT, cmd, "a [%lld, %lld] output is too large", (long long)M, (long long)N);
     if (!rc) {
         out = malloc((size_t)(M * N) * esize);
         if (!out) rc = cli_fail(FP4D_EXIT_INTERNAL, cmd, "out of memory for a [%lld, %lld] output", (long long)M, (long long)N);
@@ -276,17 +280,8 @@ static int64_t bits_ordinal(uint64_t b, fp4d_dtype t)
 int cmd_verify(int argc, char **argv)
 {
     const char *cmd = argv[0];
-    static const struct option longopts[] = {{"help", no_argument, NULL, 'h'}, {NULL, 0, NULL, 0}};
-    int c;
-    optind = 1;
-    opterr = 0;
-    while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
-        if (c == 'h') {
-            verify_usage(stdout);
-            return FP4D_EXIT_OK;
-        }
-        return cli_fail(FP4D_EXIT_USAGE, cmd, "unknown option '%s' (see fp4doctor verify --help)", argv[optind - 1]);
-    }
+    int         parse_rc = cli_parse_help_only(argc, argv, verify_usage);
+    if (parse_rc >= 0) return parse_rc;
     if (argc - optind != 3)
         return cli_fail(FP4D_EXIT_USAGE, cmd,
                         "expected A.safetensors:NAME B.safetensors:NAME OUTPUT.safetensors:NAME (see fp4doctor verify --help)");

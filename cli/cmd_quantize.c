@@ -394,17 +394,8 @@ static int dequantize_file(const char *cmd, const char *in_path, const char *out
 int cmd_dequantize(int argc, char **argv)
 {
     const char *cmd = argv[0];
-    static const struct option longopts[] = {{"help", no_argument, NULL, 'h'}, {NULL, 0, NULL, 0}};
-    int c;
-    optind = 1;
-    opterr = 0;
-    while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
-        if (c == 'h') {
-            dequantize_usage(stdout);
-            return FP4D_EXIT_OK;
-        }
-        return cli_fail(FP4D_EXIT_USAGE, cmd, "unknown option '%s' (see fp4doctor dequantize --help)", argv[optind - 1]);
-    }
+    int         parse_rc = cli_parse_help_only(argc, argv, dequantize_usage);
+    if (parse_rc >= 0) return parse_rc;
     if (argc - optind != 2)
         return cli_fail(FP4D_EXIT_USAGE, cmd, "expected IN.safetensors OUT.safetensors (see fp4doctor dequantize --help)");
     const char *in_path = argv[optind], *out_path = argv[optind + 1];

@@ -3,12 +3,15 @@
  * real weights through every backend). docs/cli.md, docs/scan.md.
  */
 #include <errno.h>
+#include <libgen.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "cli.h"
+#include "cli_fp4_tensor.h"
+#include "clock.h"
 #include "fp4doctor/scan.h"
 #include "scan/replay.h"
 
@@ -26,16 +29,33 @@ static void scan_usage(FILE *f)
 }
 
 typedef struct progress_state {
-    struct timespec start;
+    double          start_s; /* fp4d_now_s() when the scan began */
     bool            drawn;
 } progress_state;
+
+/* True when writing json_path would overwrite a file the scan reads: the checkpoint file itself,
+ * or, inside a checkpoint directory, a shard or one of the config files. A new report file next
+ * to the shards is fine. */
+static bool json_would_overwrite_input(const char *json_path, const char *ckpt_path)
+{
+    if (cli_same_file(json_path, ckpt_path)) return true;
+    char *dir_copy = strdup(json_path), *base_copy = strdup(json_path);
+    bool  read_by_scan = false;
+    if (dir_copy && base_copy && cli_same_file(dirname(dir_copy), ckpt_path)) {
+        const char *base = basename(base_copy);
+        size_t      len  = strlen(base);
+        read_by_scan     = (len > 12 && !strcmp(base + len - 12, ".safetensors")) || !strcmp(base, "config.json") ||
+                       !strcmp(base, "hf_quant_config.json") || !strcmp(base, "model.safetensors.index.json");
+    }
+    free(dir_copy);
+    free(base_copy);
+    return read_by_scan;
+}
 
 static void draw_progress(void *user, uint64_t done, uint64_t total)
 {
     progress_state *ps = user;
-    struct timespec now;
-    clock_gettime(CLOCK_MONOTONIC, &now);
-    double s = (double)(now.tv_sec - ps->start.tv_sec) + (double)(now.tv_nsec - ps->start.tv_nsec) * 1e-9;
+    double s = fp4d_now_s() - ps->start_s;
     double frac = total ? (double)done / (double)total : 1.0;
     int width = 30, fill = (int)(frac * width);
     char bar[32];
@@ -77,13 +97,19 @@ int cmd_scan(int argc, char **argv)
             return cli_fail(FP4D_EXIT_USAGE, cmd, "one PATH only (got '%s' and '%s')", path, a);
         }
     }
-    if (!path) {
-        scan_usage(stderr);
-        return FP4D_EXIT_USAGE;
+    if (!path) return cli_fail(FP4D_EXIT_USAGE, cmd, "expected a checkpoint PATH (see fp4doctor scan --help)");
+    bool json_stdout = json_path && !strcmp(json_path, "-");
+    FILE *json_out = NULL;
+    if (json_path) {
+        if (!json_stdout && json_would_overwrite_input(json_path, path))
+            return cli_fail(FP4D_EXIT_USAGE, cmd, "--json '%s' would overwrite a file of the checkpoint being scanned", json_path);
+        /* Opened before the scan, so an unwritable path fails at once rather than after it. */
+        json_out = cli_open_output(cmd, json_path);
+        if (!json_out) return FP4D_EXIT_INPUT;
     }
     progress_state ps = {0};
     if (isatty(fileno(stderr))) {
-        clock_gettime(CLOCK_MONOTONIC, &ps.start);
+        ps.start_s = fp4d_now_s();
         opt.progress = draw_progress;
         opt.progress_user = &ps;
     }
@@ -93,26 +119,21 @@ int cmd_scan(int argc, char **argv)
     if (st != FP4D_STATUS_OK) {
         int code = st == FP4D_STATUS_NOT_FOUND || st == FP4D_STATUS_IO || st == FP4D_STATUS_PARSE ? FP4D_EXIT_INPUT
                                                                                                  : FP4D_EXIT_INTERNAL;
+        cli_close_output(json_out);
         return cli_fail(code, cmd, "%s", fp4d_last_error());
     }
     int rc = fp4d_scan_report_count_at_least(rep, FP4D_SCAN_ERROR) ? FP4D_EXIT_FAILED : FP4D_EXIT_OK;
-    bool json_stdout = json_path && !strcmp(json_path, "-");
     if (!json_stdout) fp4d_scan_report_print(rep, stdout, cli_use_color(stdout));
-    if (json_path) {
+    if (json_out) {
         char *text = NULL;
         if (fp4d_scan_report_json(rep, &text) != FP4D_STATUS_OK) {
+            cli_close_output(json_out);
             fp4d_scan_report_free(rep);
             return cli_fail(FP4D_EXIT_INTERNAL, cmd, "%s", fp4d_last_error());
         }
-        FILE *f = cli_open_output(cmd, json_path);
-        if (!f) {
-            free(text);
-            fp4d_scan_report_free(rep);
-            return FP4D_EXIT_INPUT;
-        }
-        fputs(text, f);
-        fputc('\n', f);
-        cli_close_output(f);
+        fputs(text, json_out);
+        fputc('\n', json_out);
+        cli_close_output(json_out);
         free(text);
     }
     fp4d_scan_report_free(rep);
@@ -167,9 +188,7 @@ int cmd_replay(int argc, char **argv)
             return cli_fail(FP4D_EXIT_USAGE, cmd, "one CHECKPOINT only");
         }
     }
-    if (!opt.checkpoint || !opt.layer) {
-        replay_usage(stderr);
-        return FP4D_EXIT_USAGE;
-    }
+    if (!opt.checkpoint || !opt.layer)
+        return cli_fail(FP4D_EXIT_USAGE, cmd, "expected CHECKPOINT and --layer NAME (see fp4doctor replay --help)");
     return fp4d_replay_run(&opt, stdout, cli_use_color(stdout));
 }

@@ -20,6 +20,7 @@
 #include "fp4doctor/formats.h"
 #include "fp4doctor/io.h"
 #include "fp4doctor/ref.h"
+#include "test_util.h"
 
 static char dir[256];
 static const char *bin;
@@ -48,24 +49,9 @@ static int run_cli(const char *fmt, ...)
     return WEXITSTATUS(st);
 }
 
-static char *slurp(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = malloc((size_t)n + 1);
-    size_t got = fread(b, 1, (size_t)n, f);
-    fclose(f);
-    b[got] = '\0';
-    if (len) *len = got;
-    return b;
-}
-
 static bool output_contains(const char *which, const char *needle)
 {
-    char *s = slurp(path_of(which), NULL);
+    char *s = tu_slurp(path_of(which), NULL);
     bool ok = s && strstr(s, needle);
     if (!ok) fprintf(stderr, "%s lacks '%s': %s\n", which, needle, s ? s : "(missing)");
     free(s);
@@ -75,7 +61,7 @@ static bool output_contains(const char *which, const char *needle)
 /* stderr is exactly one line that names the command. */
 static void assert_one_line_error(void)
 {
-    char *s = slurp(path_of("stderr.txt"), NULL);
+    char *s = tu_slurp(path_of("stderr.txt"), NULL);
     assert_non_null(s);
     assert_true(strncmp(s, "fp4doctor ", 10) == 0);
     char *nl = strchr(s, '\n');
@@ -205,7 +191,7 @@ static void test_quantize_nvfp4_default(void **state)
     struct stat before, after;
     assert_int_equal(stat(path_of("in.safetensors"), &before), 0);
     size_t in_len;
-    char *in_bytes = slurp(path_of("in.safetensors"), &in_len);
+    char *in_bytes = tu_slurp(path_of("in.safetensors"), &in_len);
 
     assert_int_equal(run_cli("quantize --format nvfp4 '%s' '%s'", path_of("in.safetensors"), path_of("q.safetensors")), 0);
     fp4d_st_open_result res;
@@ -231,7 +217,7 @@ static void test_quantize_nvfp4_default(void **state)
     assert_int_equal(stat(path_of("in.safetensors"), &after), 0);
     assert_int_equal(before.st_mtime, after.st_mtime);
     size_t len2;
-    char *again = slurp(path_of("in.safetensors"), &len2);
+    char *again = tu_slurp(path_of("in.safetensors"), &len2);
     assert_int_equal(len2, in_len);
     assert_memory_equal(again, in_bytes, in_len);
     free(again);

@@ -19,6 +19,7 @@
 #include "doctor/doctor_internal.h"
 #include "fp4doctor/doctor.h"
 #include "fp4doctor/ref.h"
+#include "out_elem.h"
 
 typedef enum synth_kind {
     S_EXACT,          /* the reference: must PASS */
@@ -166,7 +167,7 @@ static fp4d_status s_gemm(void *ctx, const fp4d_gemm_problem *p)
     case S_BIG_ERROR: {
         /* Not a corner and not row 0: only the random sample or the projection see it. */
         int64_t i = M * N > 8 ? M * N - N / 2 - 3 : 0;
-        float v = (float)fp4d_out_load(p->out_type, out, i);
+        float v = fp4d_out_elem_get(p->out_type, out, i);
         store(p, i, v * 1.5f + 1.0f);
         break;
     }

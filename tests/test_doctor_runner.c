@@ -17,6 +17,7 @@
 
 #include "backend/verdict_cache.h"
 #include "fp4doctor/doctor.h"
+#include "test_util.h"
 
 /* Sanitizer builds run 10-50x slower (so every time limit is raised) and report a NULL
  * store through UBSan's abort (SIGABRT) rather than SIGSEGV. */
@@ -39,23 +40,6 @@ static const char *bin(void)
     return b ? b : FP4D_TEST_BINARY_DIR "/fp4doctor";
 }
 
-static char *slurp_cmd(const char *cmd, int *exit_code)
-{
-    FILE *p = popen(cmd, "r");
-    assert_non_null(p);
-    size_t cap = 1 << 20, len = 0;
-    char *buf = malloc(cap);
-    size_t n;
-    while ((n = fread(buf + len, 1, cap - len - 1, p)) > 0) {
-        len += n;
-        if (cap - len < 4096) buf = realloc(buf, cap *= 2);
-    }
-    buf[len] = '\0';
-    int st = pclose(p);
-    *exit_code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-    return buf;
-}
-
 /* The table: every faulty backend gets exactly its verdict and cause. */
 static void test_quick_suite_classifies_every_faulty_backend(void **state)
 {
@@ -63,7 +47,9 @@ static void test_quick_suite_classifies_every_faulty_backend(void **state)
     snprintf(cmd, sizeof cmd, "FP4DOCTOR_TIMEOUT_SCALE=%s '%s' check --include-faulty --suite quick --json - --no-cache 2>/dev/null",
              timeout_scale(1.0), bin());
     int rc;
-    char *out = slurp_cmd(cmd, &rc);
+    char *out = NULL;
+    rc = tu_run_capture(cmd, &out);
+    assert_non_null(out);
     assert_int_equal(rc, 1); /* faulty backends fail, so the check fails */
     json_error_t err;
     json_t *j = json_loads(out, 0, &err);
@@ -129,7 +115,9 @@ static void test_device_all_isolates_a_pinned_fault(void **state)
              "--include-faulty --backend faulty-segv,faulty-nibble-swap --suite quick --json - --no-cache 2>/dev/null",
              timeout_scale(1.0), bin());
     int rc;
-    char *out = slurp_cmd(cmd, &rc);
+    char *out = NULL;
+    rc = tu_run_capture(cmd, &out);
+    assert_non_null(out);
     assert_int_equal(rc, 1);
     json_error_t err;
     json_t *j = json_loads(out, 0, &err);
@@ -184,20 +172,6 @@ static bool xml_balanced(const char *s)
         }
     }
     return depth == 0;
-}
-
-static char *slurp_file(const char *path)
-{
-    FILE *f = fopen(path, "r");
-    assert_non_null(f);
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = malloc((size_t)n + 1);
-    assert_int_equal(fread(b, 1, (size_t)n, f), (size_t)n);
-    b[n] = '\0';
-    fclose(f);
-    return b;
 }
 
 static void test_crash_and_hang_restart_and_reports(void **state)
@@ -272,14 +246,16 @@ static void test_crash_and_hang_restart_and_reports(void **state)
     assert_int_equal(json_array_size(json_object_get(j, "results")), 3 * rep.num_cases);
     json_decref(j);
 
-    char *x = slurp_file(px);
+    char *x = tu_slurp(px, NULL);
+    assert_non_null(x);
     assert_true(xml_balanced(x));
     assert_non_null(strstr(x, "<testsuites"));
     assert_non_null(strstr(x, "type=\"CRASH\""));
     assert_non_null(strstr(x, "type=\"TIMEOUT\""));
     free(x);
 
-    char *h = slurp_file(ph);
+    char *h = tu_slurp(ph, NULL);
+    assert_non_null(h);
     assert_non_null(strstr(h, "<svg id=\"heatmap\""));
     assert_non_null(strstr(h, "<svg id=\"errplot\""));
     assert_non_null(strstr(h, "id=\"matrix\""));
@@ -289,7 +265,8 @@ static void test_crash_and_hang_restart_and_reports(void **state)
     assert_non_null(strstr(h, "</html>"));
     free(h);
 
-    char *t = slurp_file(pt);
+    char *t = tu_slurp(pt, NULL);
+    assert_non_null(t);
     assert_non_null(strstr(t, "faulty-segv"));
     assert_non_null(strstr(t, "CRASH"));
     assert_null(strstr(t, "\033[")); /* no colour when asked for none */
@@ -354,7 +331,9 @@ static void test_cli_usage_errors(void **state)
                          "check --bogus", "check --seed -3", "env --bogus"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         snprintf(cmd, sizeof cmd, "'%s' %s 2>&1", bin(), bad[i]);
-        char *out = slurp_cmd(cmd, &rc);
+        char *out = NULL;
+        rc = tu_run_capture(cmd, &out);
+        assert_non_null(out);
         if (rc != 2) fail_msg("'%s' exited %d, want 2 (%s)", bad[i], rc, out);
         int lines = 0;
         for (const char *q = out; *q; q++) lines += *q == '\n';
@@ -362,10 +341,14 @@ static void test_cli_usage_errors(void **state)
         free(out);
     }
     snprintf(cmd, sizeof cmd, "'%s' check --plugin /nonexistent/x.so --suite quick 2>&1", bin());
-    free(slurp_cmd(cmd, &rc));
+    char *ignored = NULL;
+    rc = tu_run_capture(cmd, &ignored);
+    free(ignored);
     assert_int_equal(rc, 3);
     snprintf(cmd, sizeof cmd, "'%s' env --json", bin());
-    char *out = slurp_cmd(cmd, &rc);
+    char *out = NULL;
+    rc = tu_run_capture(cmd, &out);
+    assert_non_null(out);
     assert_int_equal(rc, 0);
     json_error_t err;
     json_t *j = json_loads(out, 0, &err);

@@ -89,8 +89,10 @@ typedef struct fp4d_probe_prompt {
 
 #define FP4D_PROBE_COMPLETION_SUFFIX "\nAnswer:"
 
+/* How many built-in prompts there are (0 when they could not be prepared). */
 size_t fp4d_probe_prompt_count(void);
-/* NULL when i is out of range. Prompts are ordered so that consecutive ones differ in length. */
+/* Prompt i, static storage owned by the library (do not free); NULL when i is out of range.
+ * Prompts are ordered so that consecutive ones differ in length. */
 const fp4d_probe_prompt *fp4d_probe_prompt_at(size_t i);
 /*
  * The prompt whose text starts `sent` (the chat message content or the completions prompt
@@ -257,7 +259,7 @@ typedef struct fp4d_probe_report {
  * Free the report with fp4d_probe_report_free.
  */
 fp4d_status fp4d_probe_run(const fp4d_probe_options *o, fp4d_probe_report **out);
-void        fp4d_probe_report_free(fp4d_probe_report *r);
+void        fp4d_probe_report_free(fp4d_probe_report *r); /* NULL is a no-op */
 
 /* The `--json` document (malloc'd, NUL-terminated, caller frees); NULL when out of memory. */
 char *fp4d_probe_report_json(const fp4d_probe_report *r);

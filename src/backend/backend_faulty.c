@@ -20,6 +20,7 @@
 #include "backend/backend_internal.h"
 #include "backend/cpu/cpu_internal.h"
 #include "internal.h"
+#include "out_elem.h"
 
 typedef enum faulty_kind {
     FAULTY_ZEROS,
@@ -85,26 +86,6 @@ static bool faulty_supports(void *ctx, const fp4d_gemm_desc *d, fp4d_reason *why
     return fp4d_host_backend_supports(d, why);
 }
 
-/* ---- output helpers ---------------------------------------------------------------------- */
-
-static float out_get(fp4d_dtype t, const void *out, int64_t i)
-{
-    switch (t) {
-    case FP4D_DTYPE_F32: return ((const float *)out)[i];
-    case FP4D_DTYPE_BF16: return fp4d_bf16_to_f32(((const uint16_t *)out)[i]);
-    default: return fp4d_f16_to_f32(((const uint16_t *)out)[i]);
-    }
-}
-
-static void out_set(fp4d_dtype t, void *out, int64_t i, float v)
-{
-    switch (t) {
-    case FP4D_DTYPE_F32: ((float *)out)[i] = v; break;
-    case FP4D_DTYPE_BF16: ((uint16_t *)out)[i] = fp4d_bf16_from_f32(v); break;
-    default: ((uint16_t *)out)[i] = fp4d_f16_from_f32(v); break;
-    }
-}
-
 /* ---- twists ------------------------------------------------------------------------------ */
 
 static void read_layout_flipped(fp4d_cpu_operand *op)
@@ -130,16 +111,16 @@ static void perturb_a_few(fp4d_dtype t, void *out, int64_t count)
 {
     float amax = 0.0f;
     for (int64_t i = 0; i < count; i++) {
-        float v = fabsf(out_get(t, out, i));
+        float v = fabsf(fp4d_out_elem_get(t, out, i));
         if (v > amax && isfinite(v)) amax = v;
     }
     const int picks = 4;
     for (int q = 0; q < picks; q++) {
         int64_t i = count * q / picks + (count > picks ? count / (2 * picks) : 0);
         if (i >= count) break;
-        float v     = out_get(t, out, i);
+        float v     = fp4d_out_elem_get(t, out, i);
         float delta = 1e-2f * (v != 0.0f ? fabsf(v) : (amax > 0.0f ? amax : 1.0f));
-        out_set(t, out, i, v + delta);
+        fp4d_out_elem_set(t, out, i, v + delta);
     }
 }
 
@@ -248,7 +229,7 @@ static fp4d_status faulty_gemm(void *ctx, const fp4d_gemm_problem *p)
     case FAULTY_NAN_TILE:
         if (m >= NAN_TILE)
             for (int64_t r = 0; r < NAN_TILE; r++)
-                for (int64_t col = 0; col < n && col < NAN_TILE; col++) out_set(p->out_type, p->out, r * n + col, NAN);
+                for (int64_t col = 0; col < n && col < NAN_TILE; col++) fp4d_out_elem_set(p->out_type, p->out, r * n + col, NAN);
         break;
     case FAULTY_RACY:
         if (c->calls % 2 == 0) perturb_a_few(p->out_type, p->out, m * n);

@@ -23,6 +23,7 @@
 #include "fp4doctor/plugin.h"
 #include "fp4doctor/ref.h"
 #include "internal.h"
+#include "out_elem.h"
 
 #ifdef FP4D_USE_CUDA
 #include "backend/cuda/cuda_backends.h"
@@ -281,6 +282,12 @@ static fp4d_status plugin_trial_load(const char *path)
     }
     int status = 0;
     while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {}
+    /* A sanitizer build turns the crash into a report and exit(1); init itself never
+     * exits the trial child (it ends with _exit(0)), so any other status is a crash too. */
+    if (WIFEXITED(status) && WEXITSTATUS(status) != 0)
+        return fp4d_set_error(FP4D_STATUS_INVALID_ARG,
+                              "plugin %s: crashed (exit status %d) while loading or in %s(); not loaded", path,
+                              WEXITSTATUS(status), FP4D_PLUGIN_ENTRY_SYMBOL);
     if (WIFSIGNALED(status)) {
         int sig = WTERMSIG(status);
         if (sig == SIGALRM)
@@ -668,17 +675,8 @@ static bool validate_against_reference(fp4d_backend_t b, const fp4d_gemm_desc *d
                 exact += prod; /* exact: a few bits each, K = 128 */
             }
             exact *= 0.75;
-            double got, want;
-            if (desc->out_type == FP4D_DTYPE_F32) {
-                got  = ((float *)out)[i * n + j];
-                want = ((float *)ref)[i * n + j];
-            } else if (desc->out_type == FP4D_DTYPE_BF16) {
-                got  = fp4d_bf16_to_f32(((uint16_t *)out)[i * n + j]);
-                want = fp4d_bf16_to_f32(((uint16_t *)ref)[i * n + j]);
-            } else {
-                got  = fp4d_f16_to_f32(((uint16_t *)out)[i * n + j]);
-                want = fp4d_f16_to_f32(((uint16_t *)ref)[i * n + j]);
-            }
+            double got  = fp4d_out_elem_get(desc->out_type, out, i * n + j);
+            double want = fp4d_out_elem_get(desc->out_type, ref, i * n + j);
             double bound = gamma * abs_sum * 0.75 + ulp_of(desc->out_type, exact) + ulp_of(FP4D_DTYPE_F32, exact);
             if (!(fabs(got - exact) <= bound)) {
                 snprintf(msg, msg_len, "disagrees with the reference at [%lld, %lld]: %.9g, expected %.9g",

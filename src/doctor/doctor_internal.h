@@ -83,7 +83,6 @@ fp4d_tolerance fp4d_tolerance_for(int64_t k, fp4d_dtype out_type);
 double fp4d_bound_fp32(const fp4d_tolerance *t, double v, double s);
 double fp4d_bound_practical(const fp4d_tolerance *t, double v, double s);
 
-double fp4d_out_load(fp4d_dtype out_type, const void *base, int64_t index);
 double fp4d_out_round(fp4d_dtype out_type, double v); /* to f32, then to out_type, as double */
 
 /* ---- cause matching on sampled elements ---- */

@@ -19,7 +19,9 @@
 
 #include "doctor_internal.h"
 #include "fp4doctor/ref.h"
+#include "clock.h"
 #include "internal.h"
+#include "out_elem.h"
 
 #define GUARD_BYTES 4096
 /* Sentinels cover at least a whole extra copy of the buffer (up to 16 MiB): the common
@@ -49,13 +51,6 @@ void fp4d_doctor_set_call_hook(fp4d_call_hook hook, void *user)
 void fp4d_doctor_call_hook_fire(void)
 {
     if (call_hook) call_hook(call_hook_user);
-}
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
 static uint8_t guard_byte(size_t i) { return (uint8_t)(0xA5u ^ (i * 29u)); }
@@ -157,7 +152,7 @@ static void scan_output(const fp4d_case *c, const uint8_t *out, out_scan *s)
                 s->poison_per_row[m]++;
                 continue;
             }
-            double y = fp4d_out_load(c->out_type, out, i);
+            double y = fp4d_out_elem_get(c->out_type, out, i);
             if (y != 0.0) s->nonzero++, s->nonzero_per_row[m]++;
             if (isfinite(y)) continue;
             if (isnan(y)) s->nan++;
@@ -201,7 +196,7 @@ static fp4d_status exact_element(judge_ctx *j, int64_t m, int64_t n, double *rou
     fp4d_case_canon_problem(j->d, e, &p, &row0, &rows);
     uint8_t elem[8] = {0};
     FP4D_FORWARD_IF_ERROR(fp4d_ref_gemm_element(&p, m - row0, n, elem, exact));
-    *rounded = fp4d_out_load(j->c->out_type, elem, 0);
+    *rounded = fp4d_out_elem_get(j->c->out_type, elem, 0);
     return FP4D_STATUS_OK;
 }
 
@@ -257,7 +252,7 @@ static fp4d_status check_samples(judge_ctx *j, const uint8_t *out, accuracy *acc
         double rounded, exact;
         FP4D_FORWARD_IF_ERROR(exact_element(j, s->m, s->n, &rounded, &exact));
         s->exact = exact;
-        s->y = fp4d_out_load(j->c->out_type, out, s->m * j->c->n + s->n);
+        s->y = fp4d_out_elem_get(j->c->out_type, out, s->m * j->c->n + s->n);
         s->s = element_s(j, s->m, s->n);
         if (rounded != 0.0) acc->ref_nonzero = true;
         if (!isfinite(s->y) || !isfinite(exact)) continue;
@@ -315,7 +310,7 @@ static fp4d_status check_projection(judge_ctx *j, const uint8_t *out, uint64_t s
             for (int64_t k = 0; k < K; k++) ex += row[k] * w[k], p += fabs(row[k]) * wabs[k];
             ex *= alpha;
             p *= fabs(alpha);
-            for (int64_t n = 0; n < N; n++) got += fp4d_out_load(c->out_type, out, m * N + n) * t[n];
+            for (int64_t n = 0; n < N; n++) got += fp4d_out_elem_get(c->out_type, out, m * N + n) * t[n];
             double err = fabs(got - ex);
             /* Each element's bound, summed with |t_n| weights, is at most this; 1e-12*p
              * covers the rounding of this double computation itself. */
@@ -429,7 +424,7 @@ static fp4d_status judge_gemm_output(judge_ctx *j, const uint8_t *out, out_scan 
     if (sc->nan > 0 || sc->inf > 0) {
         double rounded, exact;
         FP4D_FORWARD_IF_ERROR(exact_element(j, sc->first_bad_m, sc->first_bad_n, &rounded, &exact));
-        double y = fp4d_out_load(c->out_type, out, sc->first_bad_m * c->n + sc->first_bad_n);
+        double y = fp4d_out_elem_get(c->out_type, out, sc->first_bad_m * c->n + sc->first_bad_n);
         bool legit = (isnan(y) && isnan(rounded)) || (isinf(y) && rounded == y);
         if (!legit) {
             bool nan = sc->nan > 0;
@@ -649,7 +644,7 @@ static fp4d_status run_gemm_case(fp4d_backend_t b, const fp4d_case *c, const fp4
         poison_fill(c->out_type, out, total);
         fp4d_status call;
         fp4d_clear_error();
-        double t0 = now_s();
+        double t0 = fp4d_now_s();
         if (c->op == FP4D_CASE_GEMM) {
             p.out = out;
             call = fp4d_backend_gemm(b, &p, &why);
@@ -657,7 +652,7 @@ static fp4d_status run_gemm_case(fp4d_backend_t b, const fp4d_case *c, const fp4
             gp.out = out;
             call = fp4d_backend_grouped_gemm(b, &gp, &why);
         }
-        double dt = now_s() - t0;
+        double dt = fp4d_now_s() - t0;
         if (run == 0) {
             r->time_ms = dt * 1e3;
             if (dt > 0) r->gflops = 2.0 * (double)c->m * (double)c->n * (double)c->k / dt * 1e-9;
@@ -786,9 +781,9 @@ static fp4d_status run_quantize_case(fp4d_backend_t b, const fp4d_case *c, const
                                    raw_codes[run] + cg, raw_scales[run] + sg, {0, 0}};
         fp4d_reason why = {{0}};
         fp4d_clear_error();
-        double t0 = now_s();
+        double t0 = fp4d_now_s();
         fp4d_status call = fp4d_backend_quantize(b, &q, &why);
-        if (run == 0) r->time_ms = (now_s() - t0) * 1e3;
+        if (run == 0) r->time_ms = (fp4d_now_s() - t0) * 1e3;
         got_res[run] = q.result;
         if (call == FP4D_STATUS_UNSUPPORTED) {
             result_set(r, FP4D_VERDICT_UNSUPPORTED, FP4D_CAUSE_NONE, "%s",

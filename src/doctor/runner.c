@@ -30,6 +30,7 @@
 #include "backend/gpu_info.h"
 #include "backend/verdict_cache.h"
 #include "doctor_internal.h"
+#include "clock.h"
 #include "internal.h"
 
 #define MAX_TIMEOUTS_PER_BACKEND 2
@@ -53,13 +54,6 @@ typedef struct job {
     int                 timeouts;
     bool                unavailable, fatal, running, done;
 } job;
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static const fp4d_case *g_cases;
 static const fp4d_doctor_options *g_opt;
@@ -147,7 +141,7 @@ static fp4d_status spawn(job *j)
     j->first_in_child = true;
     j->running = true;
     /* Opening a backend may load plugins and create a GPU context. */
-    j->deadline = now_s() + 60.0 * fp4d_timeout_scale();
+    j->deadline = fp4d_now_s() + 60.0 * fp4d_timeout_scale();
     return FP4D_STATUS_OK;
 }
 
@@ -168,7 +162,7 @@ static void handle_line(job *j, const char *line)
     bool needs_dev = (j->iface->caps & FP4D_CAP_NEEDS_DEVICE) != 0;
     if (!name) {
     } else if (!strcmp(name, "ready")) {
-        j->deadline = now_s() + 60.0 * fp4d_timeout_scale();
+        j->deadline = fp4d_now_s() + 60.0 * fp4d_timeout_scale();
     } else if (!strcmp(name, "unavailable")) {
         const char *why = json_string_value(json_object_get(ev, "reason"));
         snprintf(j->rep->unavailable, sizeof j->rep->unavailable, "%s",
@@ -181,14 +175,14 @@ static void handle_line(job *j, const char *line)
     } else if (!strcmp(name, "case")) {
         j->ph = PH_PREPARING;
         j->current = ci;
-        j->deadline = now_s() + judge_timeout(&g_cases[ci]);
+        j->deadline = fp4d_now_s() + judge_timeout(&g_cases[ci]);
     } else if (!strcmp(name, "call")) {
         j->ph = PH_CALLING;
-        j->deadline = now_s() + fp4d_case_call_timeout(&g_cases[ci], j->iface->kind, needs_dev,
+        j->deadline = fp4d_now_s() + fp4d_case_call_timeout(&g_cases[ci], j->iface->kind, needs_dev,
                                                         j->first_in_child);
     } else if (!strcmp(name, "called")) {
         j->ph = PH_JUDGING;
-        j->deadline = now_s() + judge_timeout(&g_cases[ci]);
+        j->deadline = fp4d_now_s() + judge_timeout(&g_cases[ci]);
     } else if (!strcmp(name, "result")) {
         if (j->pos < j->ntodo && j->todo[j->pos] == ci) {
             fp4d_result_from_json(json_object_get(ev, "result"), &j->rep->results[ci]);
@@ -198,7 +192,7 @@ static void handle_line(job *j, const char *line)
         j->ph = PH_STARTING;
         j->current = -1;
         j->first_in_child = false;
-        j->deadline = now_s() + 60.0 * fp4d_timeout_scale();
+        j->deadline = fp4d_now_s() + 60.0 * fp4d_timeout_scale();
     }
     json_decref(ev);
 }
@@ -347,7 +341,7 @@ static fp4d_status run_jobs(job *jobs, size_t njobs, int max_parallel)
         }
         if (active == 0 && next >= njobs) break;
         size_t np = 0;
-        double t = now_s(), wait = 1.0;
+        double t = fp4d_now_s(), wait = 1.0;
         for (size_t i = 0; i < njobs; i++) {
             if (!jobs[i].running) continue;
             pfd[np].fd = jobs[i].fd;
@@ -370,7 +364,7 @@ static fp4d_status run_jobs(job *jobs, size_t njobs, int max_parallel)
                 if (st != FP4D_STATUS_OK) goto out;
             }
         }
-        t = now_s();
+        t = fp4d_now_s();
         for (size_t i = 0; i < njobs; i++) {
             job *j = &jobs[i];
             if (!j->running || t < j->deadline) continue;
@@ -688,7 +682,7 @@ fp4d_status fp4d_doctor_run(const fp4d_doctor_options *opt, fp4d_report *rep)
 {
     FP4D_RETURN_ERROR_IF(!opt || !rep, INVALID_ARG, "NULL argument");
     memset(rep, 0, sizeof *rep);
-    double t0 = now_s();
+    double t0 = fp4d_now_s();
     rep->suite = opt->suite;
     rep->seed = opt->seed;
     fp4d_registry_options ro = {opt->include_faulty, opt->plugins, opt->num_plugins};
@@ -821,7 +815,7 @@ fp4d_status fp4d_doctor_run(const fp4d_doctor_options *opt, fp4d_report *rep)
     for (size_t b = 0; b < rep->num_backends; b++) summarise_backend(rep, &rep->backends[b]);
     note_device_differences(rep);
     recommend(rep);
-    rep->wall_s = now_s() - t0;
+    rep->wall_s = fp4d_now_s() - t0;
     return FP4D_STATUS_OK;
 }
 

@@ -54,14 +54,6 @@ double fp4d_bound_practical(const fp4d_tolerance *t, double v, double s)
     return t->practical * s + 2.0 * t->u_out * fabs(v) + t->tiny_out;
 }
 
-double fp4d_out_load(fp4d_dtype out_type, const void *base, int64_t index)
-{
-    float f;
-    size_t es = fp4d_out_elem_size(out_type);
-    fp4d_to_f32(out_type, (const uint8_t *)base + (size_t)index * es, 1, &f);
-    return f;
-}
-
 double fp4d_out_round(fp4d_dtype out_type, double v)
 {
     float f = (float)v;

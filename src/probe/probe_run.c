@@ -21,6 +21,7 @@
 #include <curl/curl.h>
 #include <jansson.h>
 
+#include "clock.h"
 #include "internal.h"
 #include "probe_internal.h"
 
@@ -102,13 +103,6 @@ typedef struct probe_ctx {
     bool                      nomem;
 } probe_ctx;
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 static size_t on_body(char *data, size_t size, size_t nmemb, void *user)
 {
     xfer *x = user;
@@ -179,7 +173,7 @@ static xfer *xfer_new(probe_ctx *c, const char *path, const char *post_json)
 static const char *stop_reason(probe_ctx *c)
 {
     if (c->o->cancel && *c->o->cancel) return "interrupted";
-    if (c->o->deadline_s > 0 && now_s() - c->t0 >= c->o->deadline_s) return "deadline";
+    if (c->o->deadline_s > 0 && fp4d_now_s() - c->t0 >= c->o->deadline_s) return "deadline";
     return NULL;
 }
 
@@ -700,7 +694,7 @@ fp4d_status fp4d_probe_run(const fp4d_probe_options *o, fp4d_probe_report **out)
                          "libcurl failed to initialise");
 
     fp4d_probe_report *r = calloc(1, sizeof *r);
-    probe_ctx c = {.o = o, .r = r, .t0 = now_s()};
+    probe_ctx c = {.o = o, .r = r, .t0 = fp4d_now_s()};
     fp4d_status st = FP4D_STATUS_OK;
     if (!r) {
         st = fp4d_set_error(FP4D_STATUS_NOMEM, "out of memory");
@@ -767,7 +761,7 @@ fp4d_status fp4d_probe_run(const fp4d_probe_options *o, fp4d_probe_report **out)
     }
     decide(r, o->strict_answers);
     fp4d_probe_write_hint(r);
-    r->elapsed_s = now_s() - c.t0;
+    r->elapsed_s = fp4d_now_s() - c.t0;
 
 done:
     if (c.headers) curl_slist_free_all(c.headers);

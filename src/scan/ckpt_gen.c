@@ -27,6 +27,7 @@
 #include "fp4doctor/io.h"
 #include "fp4doctor/scan.h"
 #include "internal.h"
+#include "scan/scan_internal.h"
 
 /* ---- defect names ------------------------------------------------------------------------ */
 
@@ -511,23 +512,10 @@ static int build_model(gen_plan *g)
 
 /* ---- planting defects ------------------------------------------------------------------------ */
 
-static char *module_of(const char *name)
-{
-    static const char *const sfx[] = {".weight_packed", ".weight_scale_2", ".weight_global_scale",
-                                       ".input_global_scale", ".weight_scale", ".input_scale", ".weight",
-                                       "_blocks", "_scales"};
-    size_t n = strlen(name);
-    for (size_t i = 0; i < sizeof sfx / sizeof sfx[0]; i++) {
-        size_t k = strlen(sfx[i]);
-        if (n > k && !strcmp(name + n - k, sfx[i])) return strndup(name, n - k);
-    }
-    return strdup(name);
-}
-
 /* The packed weight next to a block-scale tensor, and the geometry of its blocks. */
 static gen_tensor *packed_of(gen_plan *g, const gen_tensor *scale, int64_t *block_bytes)
 {
-    char *module = module_of(scale->name);
+    char *module = scan_name_module(scale->name);
     if (!module) return NULL;
     size_t n = strlen(module);
     char *name = malloc(n + 16);
@@ -602,7 +590,7 @@ static fp4d_status plant_scale(gen_plan *g, gen_tensor *s, fp4d_ckpt_defect d, u
 
 static fp4d_status plant_unquantize(gen_plan *g, const char *tensor)
 {
-    char *module = module_of(tensor);
+    char *module = scan_name_module(tensor);
     if (!module) return fp4d_set_error(FP4D_STATUS_NOMEM, "out of memory");
     size_t n = strlen(module);
     char name[1024];
@@ -658,7 +646,7 @@ static fp4d_status plant(gen_plan *g, const fp4d_ckpt_plant *pl)
     if (pl->defect == FP4D_DEFECT_UNQUANTIZE) return plant_unquantize(g, pl->tensor);
     if (pl->defect == FP4D_DEFECT_EXCLUDE_QUANTIZED) {
         FP4D_RETURN_ERROR_IF(!g->exclude_lists[0], INVALID_ARG, "plant exclude-quantized: this format has no config");
-        char *module = module_of(pl->tensor);
+        char *module = scan_name_module(pl->tensor);
         if (!module) return fp4d_set_error(FP4D_STATUS_NOMEM, "out of memory");
         json_array_append_new(g->exclude_lists[0], json_string(module));
         free(module);

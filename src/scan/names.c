@@ -1,5 +1,6 @@
-/* names.c - layer and expert numbers from Hugging Face tensor names. */
+/* names.c - layer and expert numbers and module names from Hugging Face tensor names. */
 #include <ctype.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "scan/scan_internal.h"
@@ -32,4 +33,18 @@ int64_t scan_name_expert(const char *name)
 {
     static const char *const keys[] = {"experts"};
     return name_number_after(name, keys, 1);
+}
+
+char *scan_name_module(const char *name)
+{
+    /* Longest first where one suffix ends another (".weight_scale_2" before ".weight_scale"). */
+    static const char *const sfx[] = {".weight_packed", ".weight_scale_2", ".weight_global_scale",
+                                      ".input_global_scale", ".weight_scale", ".input_scale", ".weight",
+                                      "_blocks", "_scales"};
+    size_t n = strlen(name);
+    for (size_t i = 0; i < sizeof sfx / sizeof sfx[0]; i++) {
+        size_t k = strlen(sfx[i]);
+        if (n > k && !strcmp(name + n - k, sfx[i])) return strndup(name, n - k);
+    }
+    return strdup(name);
 }

@@ -30,6 +30,7 @@
 #include "fp4doctor/formats.h"
 #include "fp4doctor/io.h"
 #include "fp4doctor/ref.h"
+#include "clock.h"
 #include "internal.h"
 #include "scan/replay.h"
 #include "scan/scan_internal.h"
@@ -100,19 +101,6 @@ static const fp4d_st_tensor *find2(const replay_shards *s, const char *module, c
     return t;
 }
 
-static char *strip_suffix(const char *name)
-{
-    static const char *const sfx[] = {".weight_packed", ".weight_scale_2", ".weight_global_scale",
-                                      ".input_global_scale", ".weight_scale", ".input_scale", ".weight",
-                                      "_blocks", "_scales"};
-    size_t n = strlen(name);
-    for (size_t i = 0; i < sizeof sfx / sizeof sfx[0]; i++) {
-        size_t k = strlen(sfx[i]);
-        if (n > k && !strcmp(name + n - k, sfx[i])) return strndup(name, n - k);
-    }
-    return strdup(name);
-}
-
 static double scalar_of(const fp4d_st_tensor *t)
 {
     if (!t || t->nbytes < 2) return NAN;
@@ -140,7 +128,7 @@ typedef struct replay_layer {
 static bool layer_load(const replay_shards *s, const char *name, replay_layer *L, char *why, size_t why_n)
 {
     memset(L, 0, sizeof *L);
-    char *module = strip_suffix(name);
+    char *module = scan_name_module(name);
     if (!module) return false;
     const fp4d_st_tensor *w = NULL, *sc = NULL;
     int64_t expert = -1;
@@ -356,13 +344,11 @@ static fp4d_verdict run_backend(const char *name, const fp4d_gemm_problem *proto
         v = FP4D_VERDICT_ERROR;
     } else {
         int wst = 0;
-        struct timespec t0, now;
-        clock_gettime(CLOCK_MONOTONIC, &t0);
+        double t0 = fp4d_now_s();
         for (;;) {
             pid_t r = waitpid(pid, &wst, WNOHANG);
             if (r == pid) break;
-            clock_gettime(CLOCK_MONOTONIC, &now);
-            if (now.tv_sec - t0.tv_sec > REPLAY_TIMEOUT_S) {
+            if (fp4d_now_s() - t0 > REPLAY_TIMEOUT_S) {
                 kill(pid, SIGKILL);
                 waitpid(pid, &wst, 0);
                 v = FP4D_VERDICT_TIMEOUT;

@@ -50,4 +50,10 @@ void        scan_hdr_free(scan_hdr *h);
 int64_t scan_name_layer(const char *name);
 int64_t scan_name_expert(const char *name);
 
+/* The module a tensor belongs to: name without its quantization suffix (".weight",
+ * ".weight_packed", ".weight_scale", ".weight_scale_2", ".input_scale", ".weight_global_scale",
+ * ".input_global_scale", "_blocks", "_scales"), or the whole name when it has none.
+ * Returns a malloc'd string the caller frees, or NULL when out of memory. */
+char *scan_name_module(const char *name);
+
 #endif

@@ -21,6 +21,8 @@
 #include <cmocka.h>
 #include <jansson.h>
 
+#include "test_util.h"
+
 #ifndef FP4D_ADV_DIR
 #error "FP4D_ADV_DIR (where the plugins are built) must be defined"
 #endif
@@ -37,20 +39,6 @@ typedef struct run_result {
     char *err;  /* stderr, malloc'd */
 } run_result;
 
-static char *slurp(const char *path)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) return strdup("");
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *s = malloc((size_t)n + 1);
-    size_t got = s ? fread(s, 1, (size_t)n, f) : 0;
-    if (s) s[got] = '\0';
-    fclose(f);
-    return s;
-}
-
 /* Runs `fp4doctor ARGS` through the shell (every path here is ours, without quotes). */
 static run_result run_cli(const char *env, const char *fmt, ...)
 {
@@ -65,7 +53,7 @@ static run_result run_cli(const char *env, const char *fmt, ...)
     snprintf(cmd, sizeof cmd, "%s XDG_CACHE_HOME=%s NO_COLOR=1 '%s' %s >%s 2>%s", env ? env : "", tmpdir,
              bin ? bin : "fp4doctor", args, out, err);
     int st = system(cmd);
-    run_result r = {0, slurp(out), slurp(err)};
+    run_result r = {0, tu_slurp_or_empty(out), tu_slurp_or_empty(err)};
     if (WIFEXITED(st)) r.rc = WEXITSTATUS(st);
     else if (WIFSIGNALED(st)) r.rc = 128 + WTERMSIG(st);
     else r.rc = -1;

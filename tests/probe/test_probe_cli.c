@@ -21,29 +21,9 @@
 
 #include "fake_server.h"
 #include "fp4doctor/probe.h"
+#include "test_util.h"
 
 static const char *bin;
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static char *slurp(const char *path)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) return strdup("");
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *s = malloc((size_t)n + 1);
-    size_t got = fread(s, 1, (size_t)n, f);
-    s[got] = '\0';
-    fclose(f);
-    return s;
-}
 
 typedef struct cli_result {
     int    code;    /* exit code, or 128 + signal */
@@ -66,7 +46,7 @@ static cli_result run_probe(double sigint_after, const char *first, ...)
     char out_path[] = "/tmp/fp4d_probe_out_XXXXXX", err_path[] = "/tmp/fp4d_probe_err_XXXXXX";
     int out_fd = mkstemp(out_path), err_fd = mkstemp(err_path);
     assert_true(out_fd >= 0 && err_fd >= 0);
-    double t0 = now_s();
+    double t0 = tu_now_s();
     pid_t pid = fork();
     assert_true(pid >= 0);
     if (pid == 0) {
@@ -83,12 +63,12 @@ static cli_result run_probe(double sigint_after, const char *first, ...)
     }
     waitpid(pid, &status, 0);
     cli_result r = {0};
-    r.seconds = now_s() - t0;
+    r.seconds = tu_now_s() - t0;
     r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
     close(out_fd);
     close(err_fd);
-    r.out = slurp(out_path);
-    r.err = slurp(err_path);
+    r.out = tu_slurp_or_empty(out_path);
+    r.err = tu_slurp_or_empty(err_path);
     unlink(out_path);
     unlink(err_path);
     return r;

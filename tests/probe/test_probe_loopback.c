@@ -18,13 +18,7 @@
 
 #include "fake_server.h"
 #include "fp4doctor/probe.h"
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
+#include "test_util.h"
 
 typedef struct run_result {
     fp4d_probe_report *r;
@@ -39,9 +33,9 @@ static run_result probe(const fake_config *cfg, fp4d_probe_options *o)
     assert_non_null(s);
     o->url = fake_server_url(s);
     run_result res = {0};
-    double t0 = now_s();
+    double t0 = tu_now_s();
     fp4d_status st = fp4d_probe_run(o, &res.r);
-    res.seconds = now_s() - t0;
+    res.seconds = tu_now_s() - t0;
     if (st != FP4D_STATUS_OK) fail_msg("fp4d_probe_run: %s", fp4d_last_error());
     res.st = fake_server_stats(s);
     fake_server_stop(s);
@@ -490,17 +484,6 @@ static void test_cancel(void **state)
 
 /* ---- TLS, slow answers, deadline ------------------------------------------------------------ */
 
-static char *read_file(const char *path)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    char *buf = calloc(1, 16384);
-    size_t n = fread(buf, 1, 16383, f);
-    fclose(f);
-    buf[n] = '\0';
-    return buf;
-}
-
 static void test_tls(void **state)
 {
     (void)state;
@@ -514,7 +497,7 @@ static void test_tls(void **state)
              "openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 2 "
              "-subj /CN=127.0.0.1 -keyout %s -out %s >/dev/null 2>&1", key_path, cert_path);
     int rc = system(cmd);
-    char *cert = read_file(cert_path), *key = read_file(key_path);
+    char *cert = tu_slurp(cert_path, NULL), *key = tu_slurp(key_path, NULL);
     unlink(cert_path);
     unlink(key_path);
     rmdir(dir);

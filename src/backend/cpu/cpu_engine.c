@@ -22,6 +22,7 @@
 
 #include "backend/cpu/cpu_internal.h"
 #include "internal.h"
+#include "out_elem.h"
 
 /* ---- ISA selection -------------------------------------------------------------------- */
 
@@ -244,17 +245,6 @@ static void split_range(int64_t total, int64_t align, int tid, int nthreads, int
     *hi = u1 * align < total ? u1 * align : total;
 }
 
-/* ---- output --------------------------------------------------------------------------- */
-
-static inline void store_out(fp4d_dtype t, void *out, int64_t idx, float v)
-{
-    switch (t) {
-    case FP4D_DTYPE_F32: ((float *)out)[idx] = v; break;
-    case FP4D_DTYPE_BF16: ((uint16_t *)out)[idx] = fp4d_bf16_from_f32(v); break;
-    default: ((uint16_t *)out)[idx] = fp4d_f16_from_f32(v); break;
-    }
-}
-
 /* ---- A to f32 ------------------------------------------------------------------------- */
 
 typedef struct a_job {
@@ -299,7 +289,7 @@ static void smallm_worker(void *ctx, int tid, int nt)
                             SMALLM_NCHUNK);
             for (int r = 0; r < mrows; r++)
                 for (int64_t n = n0; n < n1; n++)
-                    store_out(g->out_type, g->out, (i + r) * g->n + n,
+                    fp4d_out_elem_set(g->out_type, g->out, (i + r) * g->n + n,
                               g->alpha * j->acc[tid][r * SMALLM_NCHUNK + (n - n0)]);
         }
     }
@@ -337,7 +327,7 @@ static void bf16acc_worker(void *ctx, int tid, int nt)
             const float *ai  = j->af + i * g->k;
             float        acc = 0.0f;
             for (int64_t kk = 0; kk < g->k; kk++) acc = round_to_bf16(acc + ai[kk] * j->wrow[tid][kk]);
-            store_out(g->out_type, g->out, i * g->n + n, g->alpha * acc);
+            fp4d_out_elem_set(g->out_type, g->out, i * g->n + n, g->alpha * acc);
         }
     }
 }
@@ -427,7 +417,7 @@ static void blocked_worker(void *ctx, int tid, int nt)
         /* The block's sums are complete: apply alpha and round into the output type. */
         for (int64_t i = m_lo; i < m_hi; i++)
             for (int64_t n = jc; n < jc + ncur; n++)
-                store_out(g->out_type, g->out, i * g->n + n, g->alpha * j->c[i * ldc + n]);
+                fp4d_out_elem_set(g->out_type, g->out, i * g->n + n, g->alpha * j->c[i * ldc + n]);
     }
 }
 
@@ -490,7 +480,7 @@ static void dot_worker(void *ctx, int tid, int nt)
         }
         for (int64_t i = m_lo; i < m_hi; i++)
             for (int64_t n = jc; n < jc + ncur; n++)
-                store_out(g->out_type, g->out, i * g->n + n, g->alpha * j->c[i * ldc + n]);
+                fp4d_out_elem_set(g->out_type, g->out, i * g->n + n, g->alpha * j->c[i * ldc + n]);
     }
 }
 
