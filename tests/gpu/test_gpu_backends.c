@@ -153,6 +153,10 @@ static fp4d_backend_t open_or_skip(const char *name)
     return b;
 }
 
+/* When >= 0: weight row whose second scale block is set to a NaN scale byte (the output
+ * column must be NaN, as in the reference). */
+static int64_t nan_scale_row = -1;
+
 /* One GEMM case on backend b; returns bad element count (0 = pass). -1 = unsupported. */
 static int run_case(fp4d_backend_t b, fp4d_dtype at, fp4d_dtype bt, fp4d_scale_layout al, fp4d_scale_layout bl,
                     fp4d_dtype ot, int64_t M, int64_t N, int64_t K)
@@ -160,6 +164,9 @@ static int run_case(fp4d_backend_t b, fp4d_dtype at, fp4d_dtype bt, fp4d_scale_l
     operand A, B;
     make_operand(&A, at, al, M, K);
     make_operand(&B, bt, bl, N, K);
+    if (nan_scale_row >= 0 && nan_scale_row < N && K / fp4d_dtype_get(bt)->block_size > 1)
+        B.scales[fp4d_scale_offset(bl, N, K / fp4d_dtype_get(bt)->block_size, nan_scale_row, 1)] =
+            bt == FP4D_DTYPE_NVFP4 ? 0x80 : 0xFF;
     const size_t count = (size_t)(M * N);
     void *got = malloc(count * 4), *ref = malloc(count * 4);
     assert_non_null(got);
@@ -279,6 +286,41 @@ static void test_cuda_deterministic_split_k(void **state)
     free(ref);
     free_operand(&A);
     free_operand(&B);
+    fp4d_backend_close(b);
+}
+
+/* The M <= 4 GEMV kernel: M = 1..4, K % 32 == 0 but not % 64, K ranges split across
+ * blocks with a short last range, odd N (row groups of 4 cut short), every activation
+ * type, both scale layouts on both sides, every output type, a NaN block scale, and the
+ * decode shapes' N x K at small sizes. */
+static void test_cuda_gemv(void **state)
+{
+    (void)state;
+    fp4d_backend_t b = open_or_skip("cuda");
+    if (!b) skip();
+    static const int64_t shapes[][3] = {
+        {1, 1, 32}, {1, 7, 96}, {2, 129, 1056}, {3, 517, 3104}, {4, 33, 3104}, {4, 260, 6176},
+        {1, 300, 12320}, {2, 5, 32}, {3, 64, 2080}, {4, 1031, 160},
+    };
+    const bool quick = getenv("FP4D_GPU_TEST_QUICK") != NULL;
+    int cases = 0, failures = 0;
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
+        for (size_t ai = 0; ai < sizeof a_types / sizeof a_types[0]; ai++)
+            for (size_t bi = 0; bi < 2; bi++) {
+                if (quick && (si + ai + bi) % 3) continue;
+                const fp4d_dtype at = a_types[ai], bt = b_types[bi];
+                const fp4d_scale_layout al = layouts[(si + bi) % 3], bl = layouts[(si + ai) % 3];
+                nan_scale_row = (si + ai) % 4 == 0 ? shapes[si][1] / 2 : -1;
+                const int bad = run_case(b, at, bt, al, bl, out_types[(si + ai + bi) % 3], shapes[si][0], shapes[si][1],
+                                         shapes[si][2]);
+                nan_scale_row = -1;
+                if (bad < 0) continue;
+                cases++;
+                if (bad) failures++;
+            }
+    fprintf(stderr, "  cuda gemv: %d cases, %d failed\n", cases, failures);
+    assert_true(cases > 0);
+    assert_int_equal(failures, 0);
     fp4d_backend_close(b);
 }
 
@@ -426,6 +468,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_cuda_gemm_sweep),
         cmocka_unit_test(test_cuda_deterministic_split_k),
+        cmocka_unit_test(test_cuda_gemv),
         cmocka_unit_test(test_cuda_grouped),
         cmocka_unit_test(test_cuda_quantize_bit_identical),
         cmocka_unit_test(test_cublas_bf16_gemm_sweep),

@@ -2,6 +2,9 @@
  * backend_cuda.c - the `cuda` backend: fp4doctor's own kernels (kernels.cu).
  *
  * Paths, chosen per problem:
+ *  - gemv: one weight matrix, M = 1 (up to 4 with FP4DOCTOR_CUDA_GEMV_MAX_M), K % 32 == 0,
+ *    activations bf16, f16 or FP4: CUDA-core kernel that streams the packed weights with
+ *    exact f32 products and f32 sums (decode shapes);
  *  - skinny: M (or an expert's rows) small and K % 32 == 0, activations bf16, f16 (with
  *    NVFP4 weights) or FP4: packed weights streamed once through tensor cores (memory-bound
  *    decode shapes and the grouped MoE GEMM);
@@ -54,7 +57,7 @@ typedef struct dev_gemm {
     void             *out;
 } dev_gemm;
 
-typedef enum { PATH_SKINNY, PATH_TILED, PATH_SIMT } gemm_path;
+typedef enum { PATH_GEMV, PATH_SKINNY, PATH_TILED, PATH_SIMT } gemm_path;
 
 static bool is_fp4(fp4d_dtype t) { return t == FP4D_DTYPE_NVFP4 || t == FP4D_DTYPE_MXFP4; }
 
@@ -80,6 +83,14 @@ static gemm_path choose_path(const cuda_ctx *c, fp4d_dtype a, fp4d_dtype b, int6
     if (d == FP4D_DTYPE_F32) return PATH_SIMT;
     if (skinny_ok && max_rows_per_expert <= c->skinny_max_m) return PATH_SKINNY;
     return PATH_TILED;
+}
+
+/* The GEMV kernel: plain (one-matrix) problems of small M only, unless another path is forced. */
+static bool gemv_ok(const dev_gemm *g)
+{
+    const char *force = getenv("FP4DOCTOR_CUDA_PATH");
+    if (force && strcmp(force, "gemv") != 0) return false;
+    return !g->offsets && g->num_experts == 1 && fp4d_cuda_gemv_applies(g->a_type, g->b_format, g->a_rows, g->k);
 }
 
 static int64_t max_rows_per_expert(const dev_gemm *g)
@@ -171,6 +182,30 @@ static fp4d_status plan_skinny(cuda_ctx *c, const dev_gemm *g, fp4d_devbuf *para
     return FP4D_STATUS_OK;
 }
 
+static fp4d_status plan_gemv(cuda_ctx *c, const dev_gemm *g, fp4d_gemv_args *args)
+{
+    *args = (fp4d_gemv_args){
+        .a_type = g->a_type, .a = g->a, .a_scales = g->a_scales, .a_layout = g->a_layout, .m = (int32_t)g->a_rows,
+        .b_format = g->b_format, .b_layout = g->b_layout, .b_codes = g->b_codes[0], .b_scales = g->b_scales[0],
+        .alpha = g->alpha[0], .n = g->n, .k = g->k, .out_type = g->out_type, .out = g->out,
+    };
+    size_t pb = 0, cc = 0;
+    FP4D_CUDA_TRY(fp4d_cuda_gemv_plan(args, c->sm_count, &pb, &cc), "cuda: GEMV plan");
+    if (args->splits > 1) {
+        FP4D_FORWARD_IF_ERROR(fp4d_devbuf_reserve(&c->partials, pb, false));
+        FP4D_FORWARD_IF_ERROR(fp4d_devbuf_reserve(&c->counters, cc * sizeof(uint32_t), true));
+        args->partials = c->partials.ptr;
+        args->counters = c->counters.ptr;
+    }
+    return FP4D_STATUS_OK;
+}
+
+static fp4d_status launch_gemv(const cuda_ctx *c, const fp4d_gemv_args *args)
+{
+    FP4D_CUDA_TRY(fp4d_cuda_gemv(args, c->stream), "cuda: GEMV launch");
+    return FP4D_STATUS_OK;
+}
+
 static fp4d_status launch_skinny(const cuda_ctx *c, const fp4d_skinny_args *args)
 {
     if (args->num_items == 0) return FP4D_STATUS_OK;
@@ -221,6 +256,11 @@ static fp4d_status run_dense(cuda_ctx *c, const dev_gemm *g, gemm_path path)
 
 static fp4d_status run_dev_gemm(cuda_ctx *c, const dev_gemm *g)
 {
+    if (gemv_ok(g)) {
+        fp4d_gemv_args args;
+        FP4D_FORWARD_IF_ERROR(plan_gemv(c, g, &args));
+        return launch_gemv(c, &args);
+    }
     const gemm_path path = choose_path(c, g->a_type, g->b_format, g->k, max_rows_per_expert(g));
     if (path != PATH_SKINNY) return run_dense(c, g, path);
     fp4d_skinny_args args;
@@ -441,12 +481,14 @@ typedef struct cuda_bench_state {
     int              copies;
     dev_gemm         g[BENCH_MAX_COPIES];
     fp4d_skinny_args args[BENCH_MAX_COPIES];
+    fp4d_gemv_args   gargs[BENCH_MAX_COPIES];
     fp4d_devbuf      params[BENCH_MAX_COPIES];
 } cuda_bench_state;
 
 static fp4d_status bench_call(void *state, int copy)
 {
     cuda_bench_state *s = state;
+    if (s->path == PATH_GEMV) return launch_gemv(s->c, &s->gargs[copy]);
     if (s->path == PATH_SKINNY) return launch_skinny(s->c, &s->args[copy]);
     return run_dense(s->c, &s->g[copy], s->path);
 }
@@ -573,7 +615,9 @@ static fp4d_status cuda_bench(void *ctx, const fp4d_gemm_desc *d, int repeats, f
         if (mr > max_rows) max_rows = mr;
     }
     if (st == FP4D_STATUS_OK) {
-        s->path = choose_path(c, d->a_type, d->b_type, d->k, max_rows);
+        s->path = gemv_ok(&s->g[0]) ? PATH_GEMV : choose_path(c, d->a_type, d->b_type, d->k, max_rows);
+        for (int i = 0; st == FP4D_STATUS_OK && s->path == PATH_GEMV && i < s->copies; i++)
+            st = plan_gemv(c, &s->g[i], &s->gargs[i]);
         for (int i = 0; st == FP4D_STATUS_OK && s->path == PATH_SKINNY && i < s->copies; i++)
             st = plan_skinny(c, &s->g[i], &s->params[i], &s->args[i]);
     }

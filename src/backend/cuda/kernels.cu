@@ -17,6 +17,9 @@
  *    which order k is summed, the k index inside a 128-element chunk is permuted so that
  *    each lane's registers already hold its MMA fragment; activations are loaded in the
  *    same permuted order. Also the grouped MoE GEMM (work items over experts).
+ *  - GEMV (M <= 4, one weight matrix): CUDA cores, weights streamed with 16-byte loads,
+ *    activations staged in shared memory as exact f32, e2m1 decoded by byte permutes, f32
+ *    products and sums (see the section's comment).
  *  - tiled GEMM (large M): 128x128x32 tiles, 3-stage cp.async pipeline, ldmatrix, bf16 or
  *    f16 mma.sync; weights are dequantized into a dense buffer first.
  *  - simt GEMM: f32 CUDA-core fallback (f32 activations, MXFP4 with f16 activations).
@@ -1099,67 +1102,70 @@ __device__ __forceinline__ uint32_t f32_to_e2m1_fast(float y)
 }
 
 /*
- * bf16 -> NVFP4 when cols % 64 == 0 (scale columns come in aligned groups of 4 in every
- * layout). A warp takes 128 consecutive blocks (4 KB of bf16) per iteration and lane l
- * holds 16-byte piece 32i + l (i = 0..7): all eight loads are issued before any use, each
- * warp-wide load and store is contiguous (512 B in, 128 B of codes out), the two lanes of
- * a block combine their max with one shuffle, and each group of 4 blocks' scale bytes is
- * gathered by shuffles into one aligned 4-byte store. Same arithmetic as
- * quantize_nvfp4_kernel, so bit-identical.
+ * bf16 -> NVFP4 when cols % 64 == 0, one thread per group of 4 blocks (64 elements, one
+ * aligned 4-byte word of scales in every layout; it replaced a warp-cooperative kernel,
+ * 2 lanes per block with shuffles, that reached 52% of copy bandwidth against 65-68%): eight 16-byte loads issued before any
+ * use, no shuffles and no shared memory, codes written as two 16-byte stores and the four
+ * scales as one 4-byte store; the block max is taken on packed bf16 pairs (|x| by masking
+ * the sign, max of bf16 values is exact and ignores NaN like fmaxf); the group's row and
+ * column advance by a fixed grid stride (no division in the loop). Same per-block and
+ * per-element arithmetic as quantize_nvfp4_kernel, so bit-identical.
  */
-__global__ void __launch_bounds__(256) quantize_bf16_x64_kernel(const uint4 *__restrict__ src, int64_t total_blocks,
-                                                                int64_t C, float gs, int layout,
-                                                                uint32_t *__restrict__ codes,
-                                                                uint8_t *__restrict__ scales)
+__global__ void __launch_bounds__(256) quantize_bf16_g4_kernel(const uint4 *__restrict__ src, int64_t rows, int64_t C,
+                                                               float gs, int layout, uint4 *__restrict__ codes,
+                                                               uint8_t *__restrict__ scales)
 {
     const float rcp_gs = __fdiv_rn(1.0f, gs);
     const float gs_div6 = __fmul_rn(gs, __fdiv_rn(1.0f, 6.0f));
-    const int lane = threadIdx.x & 31;
-    const int64_t warps = (int64_t)gridDim.x * (blockDim.x / 32);
-    for (int64_t chunk = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32; chunk * 128 < total_blocks;
-         chunk += warps) {
-        const int64_t b0 = chunk * 128;
+    const int64_t G = C / 4, total = rows * G;
+    const int64_t first = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, step = (int64_t)gridDim.x * blockDim.x;
+    const int64_t step_r = step / G, step_c = step % G;
+    int64_t r = first / G, cg = first % G;
+    for (int64_t j = first; j < total; j += step) {
         uint4 v[8];
 #pragma unroll
-        for (int i = 0; i < 8; i++) {
-            const bool valid = b0 + 16 * i + (lane >> 1) < total_blocks;
-            v[i] = valid ? __ldcs(src + b0 * 2 + 32 * i + lane) : make_uint4(0, 0, 0, 0);
-        }
-        /* row and column of this lane's group-of-4 leader block for i = 0, advanced by 16 */
-        int64_t r = (b0 + (lane >> 1)) / C, c = (b0 + (lane >> 1)) % C;
+        for (int i = 0; i < 8; i++) v[i] = __ldg(src + j * 8 + i);
+        uint32_t sfbytes = 0;
+        uint32_t out[8];
 #pragma unroll
-        for (int i = 0; i < 8; i++) {
-            const bool valid = b0 + 16 * i + (lane >> 1) < total_blocks;
-            const uint32_t wv[4] = {v[i].x, v[i].y, v[i].z, v[i].w};
-            float x[8];
+        for (int b = 0; b < 4; b++) {
+            const uint32_t wv[8] = {v[2 * b].x, v[2 * b].y, v[2 * b].z, v[2 * b].w,
+                                    v[2 * b + 1].x, v[2 * b + 1].y, v[2 * b + 1].z, v[2 * b + 1].w};
+            __nv_bfloat162 m2 = bits_bf16x2(wv[0] & 0x7FFF7FFFu);
 #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                x[2 * e] = __int_as_float((int)(wv[e] << 16));
-                x[2 * e + 1] = __int_as_float((int)(wv[e] & 0xFFFF0000u));
-            }
-            float vmax = fabsf(x[0]);
-#pragma unroll
-            for (int e = 1; e < 8; e++) vmax = fmaxf(vmax, fabsf(x[e]));
-            vmax = fmaxf(vmax, __shfl_xor_sync(0xffffffffu, vmax, 1));
+            for (int e = 1; e < 8; e++) m2 = __hmax2(m2, bits_bf16x2(wv[e] & 0x7FFF7FFFu));
+            const float vmax = fmaxf(__low2float(m2), __high2float(m2));
             const float sf = vmax != 0.0f ? __fmul_rn(vmax, gs_div6) : 0.0f;
             const uint32_t sfbyte = f32_to_e4m3_satfinite(sf);
             const float sfq = ue4m3_to_f32(sfbyte);
             const float out_scale = vmax != 0.0f ? fminf(__fdiv_rn(1.0f, __fmul_rn(sfq, rcp_gs)), FLT_MAX) : 0.0f;
-            uint32_t word = 0;
+            sfbytes |= sfbyte << (8 * b);
 #pragma unroll
-            for (int e = 0; e < 8; e++) word |= f32_to_e2m1_fast(__fmul_rn(x[e], out_scale)) << (4 * e);
-            if (valid) __stcs(codes + b0 * 2 + 32 * i + lane, word);
-            /* lanes 8m hold block 4m's scale; gather blocks 4m+1..4m+3 from lanes +2, +4, +6 */
-            const uint32_t s1 = __shfl_down_sync(0xffffffffu, sfbyte, 2);
-            const uint32_t s2 = __shfl_down_sync(0xffffffffu, sfbyte, 4);
-            const uint32_t s3 = __shfl_down_sync(0xffffffffu, sfbyte, 6);
-            if ((lane & 7) == 0 && valid)
-                *(uint32_t *)(scales + scale_offset(layout, C, r, c)) = sfbyte | (s1 << 8) | (s2 << 16) | (s3 << 24);
-            c += 16;
-            while (c >= C) {
-                c -= C;
-                r++;
+            for (int h = 0; h < 2; h++) {
+                uint32_t word = 0;
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const uint32_t w = wv[4 * h + e];
+                    const float x0 = __uint_as_float(w << 16), x1 = __uint_as_float(w & 0xFFFF0000u);
+                    word |= f32_to_e2m1_fast(__fmul_rn(x0, out_scale)) << (8 * e);
+                    word |= f32_to_e2m1_fast(__fmul_rn(x1, out_scale)) << (8 * e + 4);
+                }
+                out[2 * b + h] = word;
             }
+        }
+        __stcs(codes + j * 2, make_uint4(out[0], out[1], out[2], out[3]));
+        __stcs(codes + j * 2 + 1, make_uint4(out[4], out[5], out[6], out[7]));
+        int64_t off;
+        if (layout == FP4D_LAYOUT_LINEAR) off = r * C + cg * 4;
+        else if (layout == FP4D_LAYOUT_SWIZZLED_128X4)
+            off = (r >> 7) * (128 * C) + cg * 512 + (r & 31) * 16 + ((r >> 5) & 3) * 4;
+        else off = (r >> 3) * (8 * C) + cg * 32 + (r & 7) * 4;
+        *(uint32_t *)(scales + off) = sfbytes;
+        r += step_r;
+        cg += step_c;
+        if (cg >= G) {
+            cg -= G;
+            r++;
         }
     }
 }
@@ -1173,6 +1179,299 @@ __global__ void amax_kernel(const T *__restrict__ src, size_t count, unsigned in
         m = fmaxf(m, fabsf((float)src[i]));
     for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
     if ((threadIdx.x & 31) == 0) atomicMax(out, (unsigned int)__float_as_int(m));
+}
+
+/* ---------------------------------------------------------------------------------------
+ * GEMV: M <= 4 rows of activations, K % 32 == 0, CUDA cores, f32 accumulation
+ *
+ * At M <= 4 the tensor cores buy nothing: the whole cost is streaming the packed weights,
+ * so this kernel spends as few instructions per weight byte as it can:
+ *  - a warp task is 8 (M = 1) or 4 consecutive weight rows over one K range; lane l owns
+ *    32 contiguous codes (one 16-byte load, two NVFP4 blocks / one MXFP4 block) of each
+ *    row per 1024-k step, so a warp load is 512 contiguous bytes per row, and the next
+ *    step's loads (and scales) are issued before the current step is computed, across
+ *    task boundaries too;
+ *  - the block's activations for its K range are staged once in shared memory as f32
+ *    (decoded exactly for FP4 activations), in 16-byte units XOR-swizzled so that the
+ *    lanes' float4 reads (stride 128 bytes) hit distinct banks;
+ *  - e2m1 decoding without float conversion instructions: two byte-permute lookups turn 4
+ *    codes into signed bytes 64 + 2v (prmt's sign-replicate mode zeroes the lookup of the
+ *    other sign), then one prmt places a byte under the f32 exponent of 2^23 and one FADD
+ *    removes 2^23 + 64, leaving 2v exactly; one FFMA per code and activation row;
+ *  - 2v * a is exact in f32 (a has at most 11 significant bits: bf16, f16 or decoded FP4),
+ *    the products of one scale block are summed in f32 and multiplied once by the block
+ *    scale / 2 (one extra f32 rounding per block; accumulation stays f32 throughout);
+ *  - split-K across blocks when a K range does not fit 48 KB of staged activations or the
+ *    GPU needs more blocks; the last warp to finish a row group adds the partial sums in
+ *    split order (deterministic), as decode_kernel does.
+ * ------------------------------------------------------------------------------------- */
+
+constexpr int GV_WARPS = 8, GV_STEP = 1024;
+/* weight rows per warp task: 8 at M = 1 (8 x 16 bytes in flight per lane, and the next
+ * step's 8 more), 4 for M = 2..4, whose accumulators and activations need the registers */
+__host__ __device__ constexpr int gv_rows_per_task(int mr) { return mr == 1 ? 8 : 4; }
+constexpr int GV_SMEM_FLOATS = 12288; /* 48 KB: no opt-in needed, several blocks per SM */
+
+__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel)
+{
+    uint32_t r;
+    asm("prmt.b32 %0, %1, %2, %3;\n" : "=r"(r) : "r"(a), "r"(b), "r"(sel));
+    return r;
+}
+
+/* f32 slot of local activation k: 16-byte unit u swapped within its aligned group of 8 by
+ * (u / 8) % 8, i.e. by the lane index for a lane's reads */
+__device__ __forceinline__ int gv_slot(int k)
+{
+    const int u = k >> 2;
+    return ((u ^ ((u >> 3) & 7)) << 2) | (k & 3);
+}
+
+/* Eight e2m1 codes of w (nibble i = element i) as f32 2 * value, exact. Byte tables:
+ * positive 64 + 2|v| indexed by the magnitude; negative 64 - 2|v| indexed by 7 - magnitude
+ * (the magnitude bits of ~w). A selector nibble with its msb set (the code's sign in w, the
+ * inverted sign in ~w) makes prmt replicate the looked-up byte's msb, 0 here, so each
+ * lookup yields 0 for codes of the other sign and the two OR together. */
+__device__ __forceinline__ void gv_decode8(uint32_t w, float f[8])
+{
+    constexpr uint32_t POS_LO = 0x43424140u, POS_HI = 0x4C484644u; /* 64 + {0,1,2,3,4,6,8,12} */
+    constexpr uint32_t NEG_LO = 0x3C3A3834u, NEG_HI = 0x403F3E3Du; /* 64 - {12,8,6,4,3,2,1,0} */
+    const uint32_t nw = ~w;
+    const uint32_t lo = prmt(POS_LO, POS_HI, w) | prmt(NEG_LO, NEG_HI, nw);
+    const uint32_t hi = prmt(POS_LO, POS_HI, w >> 16) | prmt(NEG_LO, NEG_HI, nw >> 16);
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        f[i] = __fsub_rn(__uint_as_float(prmt(lo, 0x4B000000u, 0x7540u + i)), 8388672.0f);
+        f[4 + i] = __fsub_rn(__uint_as_float(prmt(hi, 0x4B000000u, 0x7540u + i)), 8388672.0f);
+    }
+}
+
+template <int MR, bool BNV>
+__global__ void __launch_bounds__(GV_WARPS * 32, 2) gemv_kernel(const fp4d_gemv_args p)
+{
+    constexpr int R = gv_rows_per_task(MR);
+    extern __shared__ __align__(16) float gv_act[];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int64_t K = p.k, N = p.n;
+    const int split = blockIdx.y;
+    const int64_t k0 = (int64_t)split * p.k_split;
+    const int klen = (int)min((int64_t)p.k_split, K - k0);
+    const int ksp = (int)p.k_split; /* row stride of the staged activations */
+    const int nsteps = (klen + GV_STEP - 1) / GV_STEP;
+    const int tpw = p.tasks_per_warp;
+    const int64_t groups = (N + R - 1) / R;
+    const int64_t g_first = ((int64_t)blockIdx.x * GV_WARPS + warp) * tpw;
+    const int64_t bC = K / (BNV ? 16 : 32);
+    const int total = tpw * nsteps;
+
+    uint4 cur[R] = {}, nxt[R] = {};
+    uint32_t cs[R] = {}, ns[R] = {};
+    /* weight loads of task t, step st */
+    auto load = [&](int t, int st, uint4 w[R], uint32_t s[R]) {
+        const int64_t g = g_first + t;
+        const int kl = st * GV_STEP + 32 * lane;
+        if (g >= groups || kl >= klen) return;
+        const int64_t kg = k0 + kl;
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            const int64_t n = min(g * R + r, N - 1);
+            w[r] = load_stream_16(p.b_codes + n * (K / 2) + kg / 2);
+            if (BNV) s[r] = __ldg((const unsigned short *)(p.b_scales + scale_offset(p.b_layout, bC, n, kg / 16)));
+            else s[r] = __ldg(p.b_scales + scale_offset(p.b_layout, bC, n, kg / 32));
+        }
+    };
+    if (total > 0) load(0, 0, cur, cs);
+
+    /* stage the activations of this block's K range (rows >= M are zero); bf16/f16 as
+     * 16-byte loads, four in flight per thread */
+    if (p.a_type == FP4D_DTYPE_BF16 || p.a_type == FP4D_DTYPE_F16) {
+        const int per_row = klen / 8, units = MR * per_row;
+        for (int u0 = threadIdx.x; u0 < units; u0 += 4 * blockDim.x) {
+            uint4 v[4];
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const int u = u0 + i * blockDim.x, m = u / per_row, kk = (u - m * per_row) * 8;
+                v[i] = u < units && m < p.m ? __ldg((const uint4 *)((const uint16_t *)p.a + m * K + k0 + kk))
+                                            : make_uint4(0, 0, 0, 0);
+            }
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const int u = u0 + i * blockDim.x, m = u / per_row, kk = (u - m * per_row) * 8;
+                if (u >= units) break;
+                const uint32_t w[4] = {v[i].x, v[i].y, v[i].z, v[i].w};
+                float f[8];
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    if (p.a_type == FP4D_DTYPE_BF16) {
+                        f[2 * e] = __uint_as_float(w[e] << 16);
+                        f[2 * e + 1] = __uint_as_float(w[e] & 0xFFFF0000u);
+                    } else {
+                        const float2 h = __half22float2(bits_half2(w[e]));
+                        f[2 * e] = h.x;
+                        f[2 * e + 1] = h.y;
+                    }
+                }
+                *reinterpret_cast<float4 *>(gv_act + m * ksp + gv_slot(kk)) = make_float4(f[0], f[1], f[2], f[3]);
+                *reinterpret_cast<float4 *>(gv_act + m * ksp + gv_slot(kk + 4)) = make_float4(f[4], f[5], f[6], f[7]);
+            }
+        }
+    } else {
+        /* FP4: 16 bytes of codes (32 elements: two NVFP4 blocks, one MXFP4 block) and their
+         * scales per unit, four units in flight per thread */
+        const bool nv = p.a_type == FP4D_DTYPE_NVFP4;
+        const int64_t aC = K / (nv ? 16 : 32);
+        const int per_row = klen / 32, units = MR * per_row;
+        for (int u0 = threadIdx.x; u0 < units; u0 += 4 * blockDim.x) {
+            uint4 v[4];
+            uint32_t sb[4];
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const int u = u0 + i * blockDim.x, m = u / per_row;
+                const int64_t kg = k0 + (int64_t)(u - m * per_row) * 32;
+                v[i] = make_uint4(0, 0, 0, 0);
+                sb[i] = 0;
+                if (u < units && m < p.m) {
+                    v[i] = __ldg((const uint4 *)((const uint8_t *)p.a + m * (K / 2) + kg / 2));
+                    if (nv) sb[i] = __ldg((const unsigned short *)(p.a_scales + scale_offset(p.a_layout, aC, m, kg / 16)));
+                    else sb[i] = __ldg(p.a_scales + scale_offset(p.a_layout, aC, m, kg / 32));
+                }
+            }
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const int u = u0 + i * blockDim.x, m = u / per_row, kk = (u - m * per_row) * 32;
+                if (u >= units) break;
+                const bool live = m < p.m;
+                const float s0 = live ? scale_to_f32(nv, sb[i] & 0xFFu) : 0.0f;
+                const float s1 = live ? (nv ? ue4m3_to_f32(sb[i] >> 8) : s0) : 0.0f;
+                const uint32_t w[4] = {v[i].x, v[i].y, v[i].z, v[i].w};
+#pragma unroll
+                for (int q = 0; q < 4; q++) {
+                    const float sc = q < 2 ? s0 : s1;
+                    float f[8];
+#pragma unroll
+                    for (int e = 0; e < 8; e++) f[e] = e2m1_to_f32((w[q] >> (4 * e)) & 0xFu) * sc;
+                    *reinterpret_cast<float4 *>(gv_act + m * ksp + gv_slot(kk + 8 * q)) = make_float4(f[0], f[1], f[2], f[3]);
+                    *reinterpret_cast<float4 *>(gv_act + m * ksp + gv_slot(kk + 8 * q + 4)) =
+                        make_float4(f[4], f[5], f[6], f[7]);
+                }
+            }
+        }
+    }
+    __syncthreads();
+
+    float acc[R][MR];
+#pragma unroll
+    for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int m = 0; m < MR; m++) acc[r][m] = 0.0f;
+
+    for (int it = 0, t = 0, st = 0; it < total; it++) {
+        const int nt = st + 1 == nsteps ? t + 1 : t, nst = st + 1 == nsteps ? 0 : st + 1;
+        if (it + 1 < total) load(nt, nst, nxt, ns);
+        const int64_t g = g_first + t;
+        const int kl = st * GV_STEP + 32 * lane;
+        if (g < groups && kl < klen) {
+            /* block scales / 2 (the decoded codes are 2v) */
+            float sc[R][2];
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                if (BNV) {
+                    uint32_t sw = cs[r] & 0xFFFFu;
+                    const uint32_t hm = sw & 0x8080u;
+                    sw |= hm - (hm >> 7); /* bit 7 set -> 0xFF, NaN in e4m3 (0x7F already is) */
+                    const __half2_raw raw = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)sw, __NV_E4M3);
+                    const float2 f = __half22float2(*reinterpret_cast<const __half2 *>(&raw));
+                    sc[r][0] = f.x * 0.5f;
+                    sc[r][1] = f.y * 0.5f;
+                } else {
+                    sc[r][0] = sc[r][1] = ue8m0_to_f32(cs[r] & 0xFFu) * 0.5f;
+                }
+            }
+            float bsum[R][MR];
+#pragma unroll
+            for (int r = 0; r < R; r++)
+#pragma unroll
+                for (int m = 0; m < MR; m++) bsum[r][m] = 0.0f;
+            const int ubase = (st * GV_STEP) / 4 + 8 * lane; /* first 16-byte unit of this lane */
+#pragma unroll
+            for (int q = 0; q < 4; q++) {
+                float a[MR][8];
+#pragma unroll
+                for (int m = 0; m < MR; m++)
+#pragma unroll
+                    for (int h = 0; h < 2; h++) {
+                        const int u = ubase + 2 * q + h;
+                        const float4 v = *reinterpret_cast<const float4 *>(gv_act + m * ksp + ((u ^ (lane & 7)) << 2));
+                        a[m][4 * h + 0] = v.x;
+                        a[m][4 * h + 1] = v.y;
+                        a[m][4 * h + 2] = v.z;
+                        a[m][4 * h + 3] = v.w;
+                    }
+#pragma unroll
+                for (int r = 0; r < R; r++) {
+                    const uint32_t w = q == 0 ? cur[r].x : q == 1 ? cur[r].y : q == 2 ? cur[r].z : cur[r].w;
+                    float f[8];
+                    gv_decode8(w, f);
+#pragma unroll
+                    for (int m = 0; m < MR; m++)
+#pragma unroll
+                        for (int i = 0; i < 8; i++) bsum[r][m] = fmaf(f[i], a[m][i], bsum[r][m]);
+                }
+                if ((BNV && q == 1) || q == 3) {
+#pragma unroll
+                    for (int r = 0; r < R; r++)
+#pragma unroll
+                        for (int m = 0; m < MR; m++) {
+                            acc[r][m] = fmaf(bsum[r][m], sc[r][q == 1 ? 0 : 1], acc[r][m]);
+                            bsum[r][m] = 0.0f;
+                        }
+                }
+            }
+        }
+        if (st == nsteps - 1) {
+            /* task done: reduce over lanes, then store or combine splits */
+            float mine = 0.0f;
+#pragma unroll
+            for (int r = 0; r < R; r++)
+#pragma unroll
+                for (int m = 0; m < MR; m++) {
+                    float v = acc[r][m];
+#pragma unroll
+                    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+                    if (lane == r * MR + m) mine = v;
+                    acc[r][m] = 0.0f;
+                }
+            const int r = lane / MR, m = lane % MR;
+            const int64_t n = g * R + r;
+            const bool ok = g < groups && lane < R * MR && m < p.m && n < N;
+            if (p.splits == 1) {
+                if (ok) store_out(p.out_type, p.out, m * N + n, p.alpha * mine);
+            } else if (g < groups) {
+                if (ok) __stcg(p.partials + ((int64_t)split * MR + m) * N + n, mine);
+                __threadfence();
+                __syncwarp();
+                uint32_t prev = 0;
+                if (lane == 0) prev = atomicAdd(p.counters + g, 1u);
+                prev = __shfl_sync(0xffffffffu, prev, 0);
+                if (prev == (uint32_t)p.splits - 1) {
+                    __threadfence();
+                    if (ok) {
+                        float sum = 0.0f;
+                        for (int sp = 0; sp < p.splits; sp++) sum += __ldcg(p.partials + ((int64_t)sp * MR + m) * N + n);
+                        store_out(p.out_type, p.out, m * N + n, p.alpha * sum);
+                    }
+                    if (lane == 0) p.counters[g] = 0;
+                }
+            }
+        }
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            cur[r] = nxt[r];
+            cs[r] = ns[r];
+        }
+        t = nt;
+        st = nst;
+    }
 }
 
 int grid_for(int64_t work, int threads)
@@ -1369,6 +1668,118 @@ extern "C" int fp4d_cuda_skinny_gemm(const fp4d_skinny_args *args, void *stream)
     return (int)cudaGetLastError();
 }
 
+/* ---- GEMV (M <= 4) ------------------------------------------------------------------- */
+
+/* M up to which the GEMV kernel beats the decode kernel on an H200 (docs/performance.md) */
+#define FP4D_CUDA_GEMV_MAX_M_DEFAULT 1
+
+static int gv_rows_template(int32_t m) { return m <= 1 ? 1 : m <= 2 ? 2 : 4; }
+
+extern "C" int fp4d_cuda_gemv_applies(int a_type, int b_format, int64_t m, int64_t k)
+{
+    const bool a_ok = a_type == FP4D_DTYPE_BF16 || a_type == FP4D_DTYPE_F16 || a_type == FP4D_DTYPE_NVFP4 ||
+                      a_type == FP4D_DTYPE_MXFP4;
+    const bool b_ok = b_format == FP4D_DTYPE_NVFP4 || b_format == FP4D_DTYPE_MXFP4;
+    /* FP4DOCTOR_CUDA_GEMV_MAX_M: largest M it takes (0: off, for A/B timing; at most 4) */
+    const char *env = getenv("FP4DOCTOR_CUDA_GEMV_MAX_M");
+    const int64_t max_m = env ? atoll(env) : FP4D_CUDA_GEMV_MAX_M_DEFAULT;
+    return a_ok && b_ok && m >= 1 && m <= max_m && m <= 4 && k >= 32 && k % 32 == 0;
+}
+
+template <int MR, bool BNV> static int gv_blocks_per_sm()
+{
+    static int cached = 0;
+    if (cached == 0) {
+        int b = 0;
+        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, gemv_kernel<MR, BNV>, GV_WARPS * 32,
+                                                          GV_SMEM_FLOATS * sizeof(float)) != cudaSuccess ||
+            b < 1) {
+            (void)cudaGetLastError();
+            b = 1;
+        }
+        cached = b;
+    }
+    return cached;
+}
+
+static int gv_blocks_per_sm_for(int mr, bool bnv)
+{
+    if (mr == 1) return bnv ? gv_blocks_per_sm<1, true>() : gv_blocks_per_sm<1, false>();
+    if (mr == 2) return bnv ? gv_blocks_per_sm<2, true>() : gv_blocks_per_sm<2, false>();
+    return bnv ? gv_blocks_per_sm<4, true>() : gv_blocks_per_sm<4, false>();
+}
+
+/*
+ * Picks the K range per block (k_split: a multiple of 1024 whose activations fit the 48 KB
+ * staging buffer, or all of K) and the row groups per warp (tasks_per_warp). Model: the
+ * blocks run in waves of `slots` resident blocks; a block costs its 1024-k steps per warp
+ * plus a fixed start (staging the activations, the first load's latency) worth about three
+ * steps; so few fat blocks are preferred as long as they fill the GPU.
+ */
+extern "C" int fp4d_cuda_gemv_plan(fp4d_gemv_args *a, int sm_count, size_t *partial_bytes, size_t *counter_count)
+{
+    const int mr = gv_rows_template(a->m);
+    const int64_t R = gv_rows_per_task(mr);
+    const int64_t K = a->k, groups = (a->n + R - 1) / R;
+    const int64_t kmax = GV_SMEM_FLOATS / mr; /* 12288, 6144 or 3072: multiples of 1024 */
+    const int64_t slots = (int64_t)(sm_count > 0 ? sm_count : 132) *
+                          gv_blocks_per_sm_for(mr, a->b_format == FP4D_DTYPE_NVFP4);
+    const int64_t forced_ks = env_int("FP4DOCTOR_CUDA_GEMV_KSPLIT", 0), forced_tpw = env_int("FP4DOCTOR_CUDA_GEMV_TPW", 0);
+    double best = -1.0;
+    for (int64_t tpw = 1; tpw <= 64; tpw++) {
+        if (forced_tpw && tpw != forced_tpw) continue;
+        const int64_t row_blocks = (groups + GV_WARPS * tpw - 1) / (GV_WARPS * tpw);
+        for (int64_t ks = 1024;; ks += 1024) {
+            const int64_t ks_eff = ks < K ? ks : K;
+            if (ks_eff > kmax) break;
+            const int64_t splits = (K + ks_eff - 1) / ks_eff;
+            const bool forced_ok = !forced_ks || ks_eff == (forced_ks < K ? forced_ks : K);
+            const int64_t blocks = row_blocks * splits;
+            if (forced_ok && splits <= 65535 && row_blocks <= INT32_MAX) {
+                const int64_t waves = (blocks + slots - 1) / slots;
+                const double steps = (double)((ks_eff + GV_STEP - 1) / GV_STEP);
+                const double t = (double)waves * ((double)tpw * steps + 3.0) + 0.05 * (double)splits;
+                if (best < 0 || t < best) {
+                    best = t;
+                    a->k_split = ks_eff;
+                    a->splits = (int32_t)splits;
+                    a->tasks_per_warp = (int32_t)tpw;
+                }
+            }
+            if (ks_eff == K) break;
+        }
+        if (row_blocks == 1) break;
+    }
+    if (best < 0) return (int)cudaErrorInvalidValue;
+    *partial_bytes = a->splits > 1 ? (size_t)a->splits * 4 * (size_t)a->n * sizeof(float) : 0;
+    *counter_count = a->splits > 1 ? (size_t)groups : 0;
+    return cudaSuccess;
+}
+
+template <int MR, bool BNV> static int launch_gemv(const fp4d_gemv_args *a, cudaStream_t s)
+{
+    const int64_t groups = (a->n + gv_rows_per_task(MR) - 1) / gv_rows_per_task(MR);
+    const int64_t row_blocks = (groups + GV_WARPS * a->tasks_per_warp - 1) / (GV_WARPS * a->tasks_per_warp);
+    const dim3 grid((unsigned)row_blocks, (unsigned)a->splits);
+    gemv_kernel<MR, BNV><<<grid, GV_WARPS * 32, (size_t)MR * (size_t)a->k_split * sizeof(float), s>>>(*a);
+    return (int)cudaGetLastError();
+}
+
+extern "C" int fp4d_cuda_gemv(const fp4d_gemv_args *a, void *stream)
+{
+    if (!fp4d_cuda_gemv_applies(a->a_type, a->b_format, a->m, a->k) || a->splits < 1 || a->tasks_per_warp < 1 ||
+        a->k_split < 32 || a->k_split % 32 != 0 || (int64_t)gv_rows_template(a->m) * a->k_split > GV_SMEM_FLOATS ||
+        (a->splits > 1 && (!a->partials || !a->counters)) || a->n < 1)
+        return (int)cudaErrorInvalidValue;
+    cudaStream_t s = (cudaStream_t)stream;
+    const bool bnv = a->b_format == FP4D_DTYPE_NVFP4;
+    switch (gv_rows_template(a->m)) {
+    case 1: return bnv ? launch_gemv<1, true>(a, s) : launch_gemv<1, false>(a, s);
+    case 2: return bnv ? launch_gemv<2, true>(a, s) : launch_gemv<2, false>(a, s);
+    default: return bnv ? launch_gemv<4, true>(a, s) : launch_gemv<4, false>(a, s);
+    }
+}
+
 extern "C" int fp4d_cuda_amax(int src_type, const void *src, size_t count, float *dev_amax, void *stream)
 {
     cudaStream_t s = (cudaStream_t)stream;
@@ -1393,12 +1804,12 @@ extern "C" int fp4d_cuda_quantize_nvfp4(int src_type, const void *src, int64_t r
     if (src_type == FP4D_DTYPE_F32)
         quantize_nvfp4_kernel<float><<<grid, 256, 0, s>>>((const float *)src, rows, cols, encode_scale, layout, codes, scales);
     else if (src_type == FP4D_DTYPE_BF16 && cols % 64 == 0) {
-        /* 128 blocks per warp-iteration; a grid of a few waves of 256-thread blocks */
-        const int64_t chunks = (work + 127) / 128;
-        int64_t blocks = (chunks + 7) / 8;
-        if (blocks > 132 * 64) blocks = 132 * 64;
-        quantize_bf16_x64_kernel<<<(unsigned)blocks, 256, 0, s>>>((const uint4 *)src, work, cols / 16, encode_scale,
-                                                                  layout, (uint32_t *)codes, scales);
+        /* one group of 4 blocks per thread-iteration; up to 8 waves of 256-thread blocks */
+        const int64_t groups = work / 4;
+        int64_t blocks = (groups + 255) / 256;
+        if (blocks > 132 * 8 * 4) blocks = 132 * 8 * 4;
+        quantize_bf16_g4_kernel<<<(unsigned)blocks, 256, 0, s>>>((const uint4 *)src, rows, cols / 16, encode_scale,
+                                                                 layout, (uint4 *)codes, scales);
     } else if (src_type == FP4D_DTYPE_BF16)
         quantize_nvfp4_kernel<__nv_bfloat16><<<grid, 256, 0, s>>>((const __nv_bfloat16 *)src, rows, cols, encode_scale,
                                                                    layout, codes, scales);

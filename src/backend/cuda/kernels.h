@@ -102,6 +102,41 @@ void fp4d_cuda_skinny_scratch(int64_t n, int32_t num_items, int32_t splits, int3
 int32_t fp4d_cuda_skinny_pick_splits(int64_t n, int64_t k, int32_t num_items, int32_t max_rows, int sm_count);
 int fp4d_cuda_skinny_gemm(const fp4d_skinny_args *args, void *stream);
 
+/* ---- GEMV for M <= 4 (CUDA cores, f32 accumulation) -----------------------------------
+ * out[m, n] = alpha * sum_k A[m, k] * B[n, k] for one weight matrix, 1 <= M <= 4, K % 32 == 0,
+ * activations bf16, f16, NVFP4 or MXFP4. Each weight row is streamed once with 16-byte loads;
+ * the activations are staged in shared memory as exact f32; each e2m1 x activation product
+ * is exact in f32, summed in f32 per scale block, then scaled and accumulated in f32.
+ * fp4d_cuda_gemv_plan fills splits/k_split/tasks_per_warp and the scratch sizes; splits > 1
+ * needs partials (partial_bytes) and counters (counter_count uint32, zeroed once; the
+ * kernel leaves them zero). */
+typedef struct fp4d_gemv_args {
+    int32_t        a_type;   /* BF16, F16, NVFP4, MXFP4 */
+    const void    *a;        /* [m, k] */
+    const uint8_t *a_scales;
+    int32_t        a_layout;
+    int32_t        m;        /* 1..4 */
+    int32_t        b_format; /* NVFP4 or MXFP4 */
+    int32_t        b_layout;
+    const uint8_t *b_codes;  /* [n, k/2] */
+    const uint8_t *b_scales;
+    float          alpha;
+    int64_t        n, k;
+    int32_t        out_type;
+    void          *out;      /* [m, n] */
+    /* plan */
+    int32_t   splits, tasks_per_warp;
+    int64_t   k_split;
+    float    *partials;
+    uint32_t *counters;
+} fp4d_gemv_args;
+
+/* Non-zero when the GEMV kernel takes this problem (FP4DOCTOR_CUDA_GEMV_MAX_M=N limits it to
+ * M <= N; 0 turns it off). */
+int fp4d_cuda_gemv_applies(int a_type, int b_format, int64_t m, int64_t k);
+int fp4d_cuda_gemv_plan(fp4d_gemv_args *args, int sm_count, size_t *partial_bytes, size_t *counter_count);
+int fp4d_cuda_gemv(const fp4d_gemv_args *args, void *stream);
+
 /* ---- quantize (flashinfer-exact NVFP4, spec §4.2) ----------------------------------
  * amax: the tensor's max |x| ignoring NaN (fp4d_cuda_amax). encode_scale is gs. */
 int fp4d_cuda_amax(int src_type, const void *src, size_t count, float *dev_amax, void *stream);
