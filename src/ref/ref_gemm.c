@@ -51,19 +51,21 @@ typedef struct exact_value {
     uint8_t cls;
 } exact_value;
 
-static exact_value exact_from_f32(float x)
+/* An IEEE binary format with exp_bits exponent and man_bits mantissa bits (f32: 8/23,
+ * f16: 5/10), given as its bit pattern, split into odd significand * 2^exp. */
+static exact_value exact_from_ieee(uint32_t bits, int exp_bits, int man_bits)
 {
-    uint32_t b;
-    memcpy(&b, &x, 4);
-    uint32_t E = (b >> 23) & 0xFF, F = b & 0x7FFFFF;
-    bool neg = b >> 31;
+    const uint32_t exp_max = (1u << exp_bits) - 1u, man_mask = (1u << man_bits) - 1u;
+    const int      bias    = (1 << (exp_bits - 1)) - 1;
+    uint32_t E = (bits >> man_bits) & exp_max, F = bits & man_mask;
+    bool neg = (bits >> (exp_bits + man_bits)) & 1u;
     exact_value v = {0, 0, E_ZERO};
-    if (E == 0xFF) {
+    if (E == exp_max) {
         v.cls = F ? E_NAN : neg ? E_NINF : E_PINF;
         return v;
     }
-    uint64_t m = E ? (F | 0x800000u) : F;
-    int e = E ? (int)E - 150 : -149;
+    uint64_t m = E ? (F | (1u << man_bits)) : F;
+    int e = (E ? (int)E : 1) - bias - man_bits; /* subnormals share the smallest exponent */
     if (m) {
         int tz = __builtin_ctzll(m);
         m >>= tz;
@@ -75,27 +77,14 @@ static exact_value exact_from_f32(float x)
     return v;
 }
 
-static exact_value exact_from_f16(uint16_t h)
+static exact_value exact_from_f32(float x)
 {
-    uint32_t E = (h >> 10) & 0x1F, F = h & 0x3FF;
-    bool neg = h >> 15;
-    exact_value v = {0, 0, E_ZERO};
-    if (E == 0x1F) {
-        v.cls = F ? E_NAN : neg ? E_NINF : E_PINF;
-        return v;
-    }
-    uint64_t m = E ? (F | 0x400u) : F;
-    int e = E ? (int)E - 25 : -24;
-    if (m) {
-        int tz = __builtin_ctzll(m);
-        m >>= tz;
-        e += tz;
-    }
-    v.sig = neg ? -(int64_t)m : (int64_t)m;
-    v.exp = e;
-    v.cls = m == 0 ? E_ZERO : neg ? E_NEG : E_POS;
-    return v;
+    uint32_t b;
+    memcpy(&b, &x, 4);
+    return exact_from_ieee(b, 8, 23);
 }
+
+static exact_value exact_from_f16(uint16_t h) { return exact_from_ieee(h, 5, 10); }
 
 static exact_value exact_plain(fp4d_dtype t, const void *data, int64_t idx)
 {
