@@ -1,6 +1,6 @@
 /*
- * GPU backends against the exact reference: `cuda` (own kernels, every path: skinny,
- * tiled, simt, grouped, quantize), `cublas-bf16`, and `cublaslt` / `cudnn` where their
+ * GPU backends against the exact reference: `cuda` (own kernels, every path: gemv, decode,
+ * skinny, fused, tiled, simt, grouped, quantize), `cublas-bf16`, and `cublaslt` / `cudnn` where their
  * libraries say they run. Fresh random operands every case, NaN-poisoned outputs (an
  * element left unwritten shows up as NaN), all activation types, scale layouts, output
  * types and odd M/N/K. Every test skips itself on a machine without a usable GPU.
@@ -324,6 +324,76 @@ static void test_cuda_gemv(void **state)
     fp4d_backend_close(b);
 }
 
+/* The fused large-M kernel (NVFP4 weights, K % 64 == 0, M >= 32 by default): M = 32, 100,
+ * 128, 129, 300 (one and several 128-row M tiles, short last tiles), N not a multiple of
+ * the 128-column tile (and odd N: unpaired output stores), K = 64 (one k tile) up to 4096
+ * (split-K over few tiles, reduced in a fixed order), every activation type (FP4 ones are
+ * dequantized to bf16 first; f32 takes the simt path), all three scale layouts on both
+ * sides, every output type and a NaN block scale; K % 64 != 0 and MXFP4 weights must fall
+ * back to the other paths and pass as well. */
+static void test_cuda_fused(void **state)
+{
+    (void)state;
+    fp4d_backend_t b = open_or_skip("cuda");
+    if (!b) skip();
+    static const int64_t shapes[][3] = {
+        {32, 200, 192}, {100, 130, 256}, {128, 257, 512}, {129, 136, 1088}, {300, 264, 640}, {33, 129, 64},
+        {128, 256, 2048}, {64, 131, 2048}, {100, 70, 96}, {40, 1, 128},
+    };
+    const bool quick = getenv("FP4D_GPU_TEST_QUICK") != NULL;
+    int cases = 0, failures = 0;
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
+        for (size_t ai = 0; ai < sizeof a_types / sizeof a_types[0]; ai++)
+            for (size_t bi = 0; bi < 2; bi++)
+                for (size_t li = 0; li < 3; li++) {
+                    if (quick ? (si + ai + bi + li) % 6 != 0 : (bi == 1 && li != 0)) continue;
+                    const fp4d_dtype at = a_types[ai], bt = b_types[bi];
+                    const int64_t blk = (at == FP4D_DTYPE_MXFP4 || bt == FP4D_DTYPE_MXFP4) ? 32 : 16;
+                    if (shapes[si][2] % blk) continue;
+                    const fp4d_scale_layout al = layouts[(si + ai + li) % 3], bl = layouts[li];
+                    nan_scale_row = (si + ai + li) % 4 == 0 ? shapes[si][1] / 2 : -1;
+                    const int bad = run_case(b, at, bt, al, bl, out_types[(si + ai + li) % 3], shapes[si][0],
+                                             shapes[si][1], shapes[si][2]);
+                    nan_scale_row = -1;
+                    if (bad < 0) continue;
+                    cases++;
+                    if (bad) failures++;
+                }
+    fprintf(stderr, "  cuda fused: %d cases, %d failed\n", cases, failures);
+    assert_true(cases > 0);
+    assert_int_equal(failures, 0);
+    fp4d_backend_close(b);
+}
+
+/* Split-K of the fused kernel (M = 128 over 2 N tiles: 16 K splits) is bit-identical run to run. */
+static void test_cuda_fused_deterministic(void **state)
+{
+    (void)state;
+    fp4d_backend_t b = open_or_skip("cuda");
+    if (!b) skip();
+    operand A, B;
+    const int64_t M = 128, N = 256, K = 4096;
+    make_operand(&A, FP4D_DTYPE_BF16, FP4D_LAYOUT_LINEAR, M, K);
+    make_operand(&B, FP4D_DTYPE_NVFP4, FP4D_LAYOUT_SWIZZLED_128X4, N, K);
+    const size_t bytes = (size_t)(M * N) * 4;
+    float *o1 = malloc(bytes), *o2 = malloc(bytes);
+    assert_non_null(o1);
+    assert_non_null(o2);
+    fp4d_gemm_problem p = {A.m, B.m, 1.0f, FP4D_DTYPE_F32, o1};
+    fp4d_reason why;
+    poison(FP4D_DTYPE_F32, o1, (size_t)(M * N));
+    assert_int_equal(fp4d_backend_gemm(b, &p, &why), FP4D_STATUS_OK);
+    p.out = o2;
+    poison(FP4D_DTYPE_F32, o2, (size_t)(M * N));
+    assert_int_equal(fp4d_backend_gemm(b, &p, &why), FP4D_STATUS_OK);
+    assert_memory_equal(o1, o2, bytes);
+    free(o1);
+    free(o2);
+    free_operand(&A);
+    free_operand(&B);
+    fp4d_backend_close(b);
+}
+
 /* Grouped MoE GEMM: experts with 0, 1, 16, 17 and 40 rows. */
 static void grouped_case(fp4d_backend_t b, fp4d_dtype at, fp4d_dtype bt, fp4d_scale_layout al, fp4d_dtype ot, int64_t K)
 {
@@ -469,6 +539,8 @@ int main(void)
         cmocka_unit_test(test_cuda_gemm_sweep),
         cmocka_unit_test(test_cuda_deterministic_split_k),
         cmocka_unit_test(test_cuda_gemv),
+        cmocka_unit_test(test_cuda_fused),
+        cmocka_unit_test(test_cuda_fused_deterministic),
         cmocka_unit_test(test_cuda_grouped),
         cmocka_unit_test(test_cuda_quantize_bit_identical),
         cmocka_unit_test(test_cublas_bf16_gemm_sweep),

@@ -8,8 +8,12 @@
  *  - skinny: M (or an expert's rows) small and K % 32 == 0, activations bf16, f16 (with
  *    NVFP4 weights) or FP4: packed weights streamed once through tensor cores (memory-bound
  *    decode shapes and the grouped MoE GEMM);
+ *  - fused: NVFP4 weights, K % 64 == 0, activations bf16/f16 (FP4 activations dequantized
+ *    to bf16 first), M >= FP4DOCTOR_CUDA_FUSED_MIN_M (default 32; 0 turns it off) for a
+ *    plain GEMM, or experts of more than the skinny limit's rows: tensor-core GEMM that
+ *    dequantizes the packed weights in registers (no dense weight copy);
  *  - tiled: weights dequantized into a dense bf16/f16 buffer, then a tensor-core GEMM
- *    (large M, where the GEMM is compute-bound and the dequantize pass is cheap);
+ *    (large M with MXFP4 weights or K % 64 != 0);
  *  - simt: f32 CUDA-core GEMM on f32-dequantized operands, for f32 activations and for
  *    MXFP4 weights with f16 activations (whose dequantized values may not fit in f16).
  * gemm() takes host pointers (gemm.h): it uploads the operands and the caller's output
@@ -25,12 +29,14 @@
 #include "internal.h"
 
 #define FP4D_CUDA_SKINNY_MAX_M_DEFAULT 256
+#define FP4D_CUDA_FUSED_MIN_M_DEFAULT 32
 
 typedef struct cuda_ctx {
     int          device, sm_count, cc;
     size_t       l2_bytes;
     cudaStream_t stream;
     int64_t      skinny_max_m;
+    int64_t      fused_min_m;            /* 0: fused path off */
     fp4d_devbuf  a, a_sc, b, b_sc, out;  /* uploaded operands */
     fp4d_devbuf  wa, wb;                 /* dense working copies */
     fp4d_devbuf  params;                 /* skinny work items, pointer tables, alphas */
@@ -57,7 +63,7 @@ typedef struct dev_gemm {
     void             *out;
 } dev_gemm;
 
-typedef enum { PATH_GEMV, PATH_SKINNY, PATH_TILED, PATH_SIMT } gemm_path;
+typedef enum { PATH_GEMV, PATH_SKINNY, PATH_FUSED, PATH_TILED, PATH_SIMT } gemm_path;
 
 static bool is_fp4(fp4d_dtype t) { return t == FP4D_DTYPE_NVFP4 || t == FP4D_DTYPE_MXFP4; }
 
@@ -70,18 +76,28 @@ static fp4d_dtype dense_type(fp4d_dtype a, fp4d_dtype b)
     return FP4D_DTYPE_BF16; /* bf16 and FP4 activations (e2m1 x scale is exact in bf16) */
 }
 
-static gemm_path choose_path(const cuda_ctx *c, fp4d_dtype a, fp4d_dtype b, int64_t k, int64_t max_rows_per_expert)
+static gemm_path choose_path(const cuda_ctx *c, fp4d_dtype a, fp4d_dtype b, int64_t k, int64_t max_rows_per_expert,
+                             bool grouped)
 {
     const fp4d_dtype d = dense_type(a, b);
-    const char *force = getenv("FP4DOCTOR_CUDA_PATH"); /* skinny|tiled|simt, for benchmarking */
+    const char *force = getenv("FP4DOCTOR_CUDA_PATH"); /* skinny|fused|tiled|simt, for benchmarking */
     const bool skinny_ok = k % 32 == 0 && d != FP4D_DTYPE_F32;
+    /* the fused kernel reads each weight row's four NVFP4 scales of a 64-k tile as one word,
+     * and indexes its activation chunks with 32-bit offsets (K < 2^24) */
+    const bool fused_ok = c->fused_min_m > 0 && b == FP4D_DTYPE_NVFP4 && k % 64 == 0 && k < (INT64_C(1) << 24) &&
+                          (d == FP4D_DTYPE_BF16 || d == FP4D_DTYPE_F16);
     if (force) {
         if (!strcmp(force, "skinny") && skinny_ok) return PATH_SKINNY;
+        if (!strcmp(force, "fused") && fused_ok) return PATH_FUSED;
         if (!strcmp(force, "tiled") && d != FP4D_DTYPE_F32) return PATH_TILED;
         if (!strcmp(force, "simt")) return PATH_SIMT;
     }
     if (d == FP4D_DTYPE_F32) return PATH_SIMT;
+    /* grouped GEMMs keep the one-launch skinny path up to its limit (per-expert launches of
+     * the fused kernel would be many small grids) */
+    if (fused_ok && !grouped && max_rows_per_expert >= c->fused_min_m) return PATH_FUSED;
     if (skinny_ok && max_rows_per_expert <= c->skinny_max_m) return PATH_SKINNY;
+    if (fused_ok) return PATH_FUSED;
     return PATH_TILED;
 }
 
@@ -254,6 +270,42 @@ static fp4d_status run_dense(cuda_ctx *c, const dev_gemm *g, gemm_path path)
     return FP4D_STATUS_OK;
 }
 
+/* Fused path: activations in the MMA type (FP4 activations dequantized to bf16 first, exact),
+ * then one fused launch per non-empty expert (one for a plain GEMM). */
+static fp4d_status run_fused(cuda_ctx *c, const dev_gemm *g)
+{
+    const fp4d_dtype d = dense_type(g->a_type, g->b_format);
+    const size_t esz = 2;
+    const size_t osz = fp4d_out_elem_size(g->out_type);
+    const void *a = g->a;
+    if (g->a_type != d) {
+        FP4D_FORWARD_IF_ERROR(fp4d_devbuf_reserve(&c->wa, (size_t)g->a_rows * (size_t)g->k * esz, false));
+        if (is_fp4(g->a_type)) {
+            fp4d_dev_fp4 src = {g->a, g->a_scales, g->a_rows, g->k, g->a_type, g->a_layout};
+            FP4D_CUDA_TRY(fp4d_cuda_dequantize(&src, d, c->wa.ptr, c->stream), "cuda: dequantize A");
+        } else {
+            FP4D_CUDA_TRY(fp4d_cuda_convert(g->a_type, g->a, d, c->wa.ptr, (size_t)(g->a_rows * g->k), c->stream),
+                          "cuda: convert A");
+        }
+        a = c->wa.ptr;
+    }
+    for (int32_t e = 0; e < g->num_experts; e++) {
+        const int64_t r0 = g->offsets ? g->offsets[e] : 0, r1 = g->offsets ? g->offsets[e + 1] : g->a_rows;
+        if (r1 == r0) continue;
+        const int32_t splits = fp4d_cuda_fused_splits(r1 - r0, g->n, g->k, c->sm_count);
+        if (splits > 1)
+            FP4D_FORWARD_IF_ERROR(
+                fp4d_devbuf_reserve(&c->partials, (size_t)splits * (size_t)(r1 - r0) * (size_t)g->n * sizeof(float), false));
+        const void *a_rows = (const uint8_t *)a + (size_t)r0 * (size_t)g->k * esz;
+        void *o = (uint8_t *)g->out + (size_t)r0 * (size_t)g->n * osz;
+        FP4D_CUDA_TRY(fp4d_cuda_fused_gemm(d, a_rows, g->b_codes[e], g->b_scales[e], g->b_layout, r1 - r0, g->n, g->k,
+                                           g->alpha[e], g->out_type, o, splits, splits > 1 ? c->partials.ptr : NULL,
+                                           c->stream),
+                      "cuda: fused GEMM");
+    }
+    return FP4D_STATUS_OK;
+}
+
 static fp4d_status run_dev_gemm(cuda_ctx *c, const dev_gemm *g)
 {
     if (gemv_ok(g)) {
@@ -261,7 +313,8 @@ static fp4d_status run_dev_gemm(cuda_ctx *c, const dev_gemm *g)
         FP4D_FORWARD_IF_ERROR(plan_gemv(c, g, &args));
         return launch_gemv(c, &args);
     }
-    const gemm_path path = choose_path(c, g->a_type, g->b_format, g->k, max_rows_per_expert(g));
+    const gemm_path path = choose_path(c, g->a_type, g->b_format, g->k, max_rows_per_expert(g), g->offsets != NULL);
+    if (path == PATH_FUSED) return run_fused(c, g);
     if (path != PATH_SKINNY) return run_dense(c, g, path);
     fp4d_skinny_args args;
     FP4D_FORWARD_IF_ERROR(plan_skinny(c, g, &c->params, &args));
@@ -297,6 +350,10 @@ static fp4d_status cuda_init(void *user_data, int device, void **out, fp4d_reaso
     c->skinny_max_m = FP4D_CUDA_SKINNY_MAX_M_DEFAULT;
     const char *env = getenv("FP4DOCTOR_CUDA_SKINNY_MAX_M");
     if (env && atoll(env) > 0) c->skinny_max_m = atoll(env);
+    c->fused_min_m = FP4D_CUDA_FUSED_MIN_M_DEFAULT;
+    env = getenv("FP4DOCTOR_CUDA_FUSED_MIN_M");
+    if (env && atoll(env) >= 0) c->fused_min_m = atoll(env);
+    if (!fp4d_cuda_fused_available(c->device)) c->fused_min_m = 0; /* too little shared memory per block */
     *out = c;
     return FP4D_STATUS_OK;
 }
@@ -490,6 +547,7 @@ static fp4d_status bench_call(void *state, int copy)
     cuda_bench_state *s = state;
     if (s->path == PATH_GEMV) return launch_gemv(s->c, &s->gargs[copy]);
     if (s->path == PATH_SKINNY) return launch_skinny(s->c, &s->args[copy]);
+    if (s->path == PATH_FUSED) return run_fused(s->c, &s->g[copy]);
     return run_dense(s->c, &s->g[copy], s->path);
 }
 
@@ -615,7 +673,7 @@ static fp4d_status cuda_bench(void *ctx, const fp4d_gemm_desc *d, int repeats, f
         if (mr > max_rows) max_rows = mr;
     }
     if (st == FP4D_STATUS_OK) {
-        s->path = gemv_ok(&s->g[0]) ? PATH_GEMV : choose_path(c, d->a_type, d->b_type, d->k, max_rows);
+        s->path = gemv_ok(&s->g[0]) ? PATH_GEMV : choose_path(c, d->a_type, d->b_type, d->k, max_rows, grouped);
         for (int i = 0; st == FP4D_STATUS_OK && s->path == PATH_GEMV && i < s->copies; i++)
             st = plan_gemv(c, &s->g[i], &s->gargs[i]);
         for (int i = 0; st == FP4D_STATUS_OK && s->path == PATH_SKINNY && i < s->copies; i++)

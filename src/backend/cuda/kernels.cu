@@ -20,8 +20,11 @@
  *  - GEMV (M <= 4, one weight matrix): CUDA cores, weights streamed with 16-byte loads,
  *    activations staged in shared memory as exact f32, e2m1 decoded by byte permutes, f32
  *    products and sums (see the section's comment).
- *  - tiled GEMM (large M): 128x128x32 tiles, 3-stage cp.async pipeline, ldmatrix, bf16 or
- *    f16 mma.sync; weights are dequantized into a dense buffer first.
+ *  - fused GEMM (large M, NVFP4 weights, K % 64 == 0): 128x128x64 tiles, 4-stage cp.async
+ *    ring of bf16/f16 activations + packed codes + scales, weights dequantized in registers
+ *    right before bf16/f16 mma.sync (see the section's comment).
+ *  - tiled GEMM (large M fallback): 128x128x32 tiles, 3-stage cp.async pipeline, ldmatrix,
+ *    bf16 or f16 mma.sync; weights are dequantized into a dense buffer first.
  *  - simt GEMM: f32 CUDA-core fallback (f32 activations, MXFP4 with f16 activations).
  *  - quantize: flashinfer-exact NVFP4 (spec §4.2), bit-identical to fp4d_quantize.
  */
@@ -125,13 +128,19 @@ __global__ void dequantize_kernel(fp4d_dev_fp4 src, T *dst)
         const uint2 w = *(const uint2 *)(src.codes + r * (src.cols / 2) + g * 8);
         const int64_t c = nvfp4 ? g : g / 2;
         const float s = scale_to_f32(nvfp4, src.scales[scale_offset(src.layout, C, r, c)]);
-        T *d = dst + r * src.cols + g * 16;
+        /* built in registers, then stored as 16-byte vectors (the group's 32 or 64 output
+         * bytes are 32-byte aligned: cols % 16 == 0); element-wise 2-byte stores made this
+         * pass ~10x slower than its memory traffic */
+        __align__(16) T vals[16];
 #pragma unroll
         for (int i = 0; i < 16; i++) {
             const uint32_t word = i < 8 ? w.x : w.y;
             const uint32_t code = (word >> (4 * (i & 7))) & 0xFu;
-            d[i] = from_f32<T>(e2m1_to_f32(code) * s);
+            vals[i] = from_f32<T>(e2m1_to_f32(code) * s);
         }
+        uint4 *d = (uint4 *)(dst + r * src.cols + g * 16);
+#pragma unroll
+        for (int q = 0; q < (int)sizeof(vals) / 16; q++) d[q] = ((const uint4 *)vals)[q];
     }
 }
 
@@ -218,6 +227,19 @@ template <bool F16> __device__ __forceinline__ uint32_t scale_pair(float s)
 {
     if (F16) return half2_bits(__float2half2_rn(s));
     return bf16x2_bits(__float2bfloat162_rn(s));
+}
+
+/* e2m1_pair without the power-of-two multiply: returns value * scale2 * 2^-126 (bf16) or
+ * * 2^-14 (f16); the caller folds the power of two into scale2 (see the fused kernel). */
+template <bool F16>
+__device__ __forceinline__ uint32_t e2m1_pair_folded(uint32_t w, int i, uint32_t scale2)
+{
+    const int mag_shift = F16 ? 9 - 4 * i : 6 - 4 * i;
+    const uint32_t mag_mask = F16 ? 0x0E000E00u : 0x01C001C0u;
+    const uint32_t mag = (mag_shift >= 0 ? (w << mag_shift) : (w >> -mag_shift)) & mag_mask;
+    const uint32_t bits = mag | ((w << (12 - 4 * i)) & 0x80008000u);
+    if (F16) return half2_bits(__hmul2(bits_half2(bits), bits_half2(scale2)));
+    return bf16x2_bits(__hmul2(bits_bf16x2(bits), bits_bf16x2(scale2)));
 }
 
 /* ---------------------------------------------------------------------------------------
@@ -956,6 +978,231 @@ __global__ void __launch_bounds__(TG_THREADS) tiled_kernel(const uint16_t *__res
 }
 
 /* ---------------------------------------------------------------------------------------
+ * Fused GEMM (large M): packed NVFP4 weights dequantized in registers
+ *
+ * CTA tile 128 (M) x 128 (N) x 64 (K), 8 warps as 2 x 4 with 64 x 32 warp tiles, a
+ * 4-stage cp.async ring per CTA holding the stage's activations (128 rows x 128 bytes of
+ * bf16/f16), packed weight codes (128 rows x 32 bytes) and the weights' block scales (one
+ * aligned 4-byte word per row: the four NVFP4 scales of the 64-k slice, which is where
+ * every layout of spec §6 keeps them when K % 64 == 0).
+ *
+ * k order. A dot product may be summed in any k order as long as both operands use the
+ * same one, so inside a 64-k tile lane (g, j) of the m16n8k16 fragment takes the physical
+ * k range [16j, 16j + 16): exactly one NVFP4 block of its weight row, i.e. 8 bytes of codes
+ * and ONE scale byte. Its two 32-bit code words give 8 (nibble i, nibble i+4) pairs, which
+ * e2m1_pair decodes into the 8 B-fragment registers of the tile's 4 k16 steps (step s
+ * uses pairs 2s, 2s+1). The activations follow the same order: one 16-byte shared-memory
+ * load of 8 consecutive k per row, regrouped into (i, i+4) pairs by byte permutes.
+ *
+ * Exactness: e2m1 x e4m3 is exact in bf16 and f16 (at most 5 significant bits, 2^-10 ..
+ * 2688), products are accumulated in f32 by the tensor cores, alpha is applied in f32 and
+ * the result rounded once (or, with split-K, partial f32 sums reduced in a fixed order by
+ * fused_reduce_kernel, so runs are bit-identical). The decode is ONE multiply per pair:
+ * the code bits placed in the exponent/mantissa field are value * 2^-126 (bf16; 2^-14 for
+ * f16), and they are multiplied by a pair from a 256-entry shared table holding
+ * scale * 2^118 (f16: scale * 2^7), exact and finite for every e4m3 byte (NaN bytes give
+ * NaN). The weights thus enter the MMA as value * scale * 2^-8 (f16: 2^-7), still exact
+ * (the smallest, 2^-18 / 2^-17, is representable), and the f32 sums are multiplied back by
+ * the power of two in the epilogue, which is exact.
+ *
+ * Shared memory: activation rows are 8 chunks of 16 bytes, chunk c of row r stored at
+ * c ^ (r & 1), so the 8 lanes of a 16-byte load phase (rows g, g+1, chunks 2j + w) hit 8
+ * distinct 4-bank groups; code rows are 32 bytes, and a half-warp's 8-byte loads cover 4
+ * consecutive rows (conflict-free without a swizzle).
+ * ------------------------------------------------------------------------------------- */
+
+constexpr int FG_BM = 128, FG_BN = 128, FG_BK = 64, FG_STAGES = 4, FG_THREADS = 256;
+constexpr int FG_A_BYTES = FG_BM * FG_BK * 2;      /* 16 KB */
+constexpr int FG_B_BYTES = FG_BN * FG_BK / 2;      /* 4 KB */
+constexpr int FG_S_BYTES = FG_BN * 4;              /* 512 B */
+constexpr int FG_STAGE_BYTES = FG_A_BYTES + FG_B_BYTES + FG_S_BYTES;
+constexpr int FG_LUT_OFFSET = FG_STAGES * FG_STAGE_BYTES;
+constexpr int FG_SMEM = FG_LUT_OFFSET + 256 * 4;   /* 83 KB: two CTAs per SM */
+constexpr int FG_GROUP_M = 8;                      /* M tiles per raster group (L2 reuse) */
+
+struct fused_args {
+    const uint16_t *a;      /* [M, K] bf16 or f16 */
+    const uint8_t  *codes;  /* [N, K/2] */
+    const uint8_t  *scales; /* NVFP4 block scales, layout */
+    int32_t         layout;
+    int64_t         m, n, k;
+    float           alpha;
+    int32_t         out_type;
+    void           *out;
+    int32_t         splits, ktiles_per_split;
+    float          *partials; /* splits > 1: [splits, M, N] */
+};
+
+__device__ __forceinline__ void store_out2(int out_type, void *out, int64_t idx, float v0, float v1, bool both,
+                                           bool paired)
+{
+    if (paired && both) {
+        if (out_type == FP4D_DTYPE_F32) *(float2 *)((float *)out + idx) = make_float2(v0, v1);
+        else if (out_type == FP4D_DTYPE_BF16) *(__nv_bfloat162 *)((__nv_bfloat16 *)out + idx) = __floats2bfloat162_rn(v0, v1);
+        else *(__half2 *)((__half *)out + idx) = __floats2half2_rn(v0, v1);
+        return;
+    }
+    store_out(out_type, out, idx, v0);
+    if (both) store_out(out_type, out, idx + 1, v1);
+}
+
+/* MINB = resident CTAs per SM the register budget is sized for: 2 (128 registers, a few
+ * spills) or 1 (about 156 registers, no spills; FP4DOCTOR_CUDA_FUSED_MINB=1, bf16 only). */
+template <bool F16, int MINB>
+__global__ void __launch_bounds__(FG_THREADS, MINB) fused_kernel(const fused_args p)
+{
+    extern __shared__ __align__(128) uint8_t fg_smem[];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int wm = warp >> 2, wn = warp & 3;
+    const int g = lane >> 2, j = lane & 3;
+    constexpr float fold = F16 ? 0x1p7f : 0x1p118f, unfold = F16 ? 0x1p7f : 0x1p8f;
+    uint32_t *scale_lut = (uint32_t *)(fg_smem + FG_LUT_OFFSET); /* read after the loop's first barrier */
+    scale_lut[tid] = scale_pair<F16>(ue4m3_to_f32((uint32_t)tid) * fold);
+
+    /* raster: groups of FG_GROUP_M M tiles sweep all N tiles, M fastest, so the CTAs
+     * resident at one time share both their activation rows and their weight rows in L2 */
+    const int64_t mt_count = (p.m + FG_BM - 1) / FG_BM, nt_count = (p.n + FG_BN - 1) / FG_BN;
+    const int64_t tiles = mt_count * nt_count;
+    const int64_t bid = blockIdx.x;
+    const int split = (int)(bid / tiles);
+    const int64_t t = bid % tiles;
+    const int64_t group = t / (FG_GROUP_M * nt_count);
+    const int64_t first_m = group * FG_GROUP_M;
+    const int64_t gsize = mt_count - first_m < FG_GROUP_M ? mt_count - first_m : FG_GROUP_M;
+    const int64_t in_group = t % (FG_GROUP_M * nt_count);
+    const int64_t m0 = (first_m + in_group % gsize) * FG_BM, n0 = (in_group / gsize) * FG_BN;
+
+    const int64_t ktiles_total = p.k / FG_BK;
+    const int64_t kt0 = (int64_t)split * p.ktiles_per_split;
+    int64_t kt1 = kt0 + p.ktiles_per_split;
+    if (kt1 > ktiles_total) kt1 = ktiles_total;
+    const int nkt = kt1 > kt0 ? (int)(kt1 - kt0) : 0;
+    const uint32_t smem_base = (uint32_t)__cvta_generic_to_shared(fg_smem);
+    /* per-thread copy sources, advanced by one k tile per stage: activation chunk
+     * (row tid/8 + 32x, 16-byte chunk tid%8), code half-row tid%2 of row tid/2, and the
+     * scale word of row tid (tid < 128), whose k-tile stride depends on the layout */
+    const int a_r = tid >> 3, a_ch = tid & 7;
+    const uint16_t *a_src = p.a + (m0 + a_r) * p.k + kt0 * FG_BK + a_ch * 8;
+    const int64_t a_rows_left = p.m - m0 - a_r; /* chunk x valid when 32x < a_rows_left */
+    const int b_r = tid >> 1, b_h = tid & 1;
+    const bool b_ok = n0 + b_r < p.n;
+    const uint8_t *b_src = p.codes + (b_ok ? (n0 + b_r) * (p.k / 2) + kt0 * 32 + b_h * 16 : 0);
+    const bool s_ok = tid < FG_BN && n0 + tid < p.n;
+    const int s_step = p.layout == FP4D_LAYOUT_LINEAR ? 4 : p.layout == FP4D_LAYOUT_SWIZZLED_128X4 ? 512 : 32;
+    const uint8_t *s_src = p.scales + (s_ok ? scale_offset(p.layout, p.k / 16, n0 + tid, kt0 * 4) : 0);
+    const uint32_t a_dst = smem_base + a_r * 128 + ((a_ch ^ (a_r & 1)) << 4); /* a_r + 32x has the same parity */
+    const uint32_t b_dst = smem_base + FG_A_BYTES + b_r * 32 + b_h * 16;
+    const uint32_t s_dst = smem_base + FG_A_BYTES + FG_B_BYTES + tid * 4;
+
+    const int a_x_stride = 32 * (int)p.k; /* elements between a thread's 4 chunks (K < 2^24) */
+    auto load_stage = [&](int stage, int i) {
+        const bool live = i < nkt;
+        const uint32_t so = stage * FG_STAGE_BYTES;
+#pragma unroll
+        for (int x = 0; x < 4; x++) {
+            const bool ok = live && 32 * x < a_rows_left;
+            cp_async_16(a_dst + so + x * 32 * 128, ok ? a_src + (x * a_x_stride + i * FG_BK) : p.a, ok);
+        }
+        cp_async_16(b_dst + so, live && b_ok ? b_src + i * 32 : p.codes, live && b_ok);
+        if (tid < FG_BN) cp_async_4(s_dst + so, live && s_ok ? s_src + i * s_step : p.scales, live && s_ok);
+    };
+
+    float acc[4][4][4];
+#pragma unroll
+    for (int a = 0; a < 4; a++)
+#pragma unroll
+        for (int b = 0; b < 4; b++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) acc[a][b][e] = 0.0f;
+
+#pragma unroll
+    for (int s = 0; s < FG_STAGES - 1; s++) {
+        load_stage(s, s);
+        cp_async_commit();
+    }
+    for (int i = 0; i < nkt; i++) {
+        cp_async_wait<FG_STAGES - 2>();
+        __syncthreads();
+        load_stage((i + FG_STAGES - 1) % FG_STAGES, i + FG_STAGES - 1);
+        cp_async_commit();
+        const int st = i % FG_STAGES;
+        const uint8_t *sbase = fg_smem + st * FG_STAGE_BYTES;
+        /* this lane's weights: 8 code bytes and one scale byte per n8 tile */
+        uint2 bw[4];
+        uint32_t bs[4];
+#pragma unroll
+        for (int ni = 0; ni < 4; ni++) {
+            const int r = wn * 32 + ni * 8 + g;
+            bw[ni] = *(const uint2 *)(sbase + FG_A_BYTES + r * 32 + j * 8);
+            bs[ni] = scale_lut[sbase[FG_A_BYTES + FG_B_BYTES + r * 4 + j]];
+        }
+#pragma unroll
+        for (int w = 0; w < 2; w++) { /* code word w: k16 steps 2w, 2w + 1 */
+            uint32_t bf[4][4];
+#pragma unroll
+            for (int ni = 0; ni < 4; ni++) {
+                const uint32_t word = w ? bw[ni].y : bw[ni].x;
+#pragma unroll
+                for (int q = 0; q < 4; q++) bf[ni][q] = e2m1_pair_folded<F16>(word, q, bs[ni]);
+            }
+#pragma unroll
+            for (int mi = 0; mi < 4; mi++) {
+                uint32_t af[2][4]; /* rows g and g + 8: (i, i+4) pairs of 8 consecutive k */
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    const int r = wm * 64 + mi * 16 + g + h * 8;
+                    const int ch = 2 * j + w;
+                    const uint4 v = *(const uint4 *)(sbase + r * 128 + ((ch ^ (r & 1)) << 4));
+                    af[h][0] = __byte_perm(v.x, v.z, 0x5410);
+                    af[h][1] = __byte_perm(v.x, v.z, 0x7632);
+                    af[h][2] = __byte_perm(v.y, v.w, 0x5410);
+                    af[h][3] = __byte_perm(v.y, v.w, 0x7632);
+                }
+#pragma unroll
+                for (int s = 0; s < 2; s++) {
+                    const uint32_t a4[4] = {af[0][2 * s], af[1][2 * s], af[0][2 * s + 1], af[1][2 * s + 1]};
+#pragma unroll
+                    for (int ni = 0; ni < 4; ni++) {
+                        const uint32_t b2[2] = {bf[ni][2 * s], bf[ni][2 * s + 1]};
+                        mma_16816<F16>(acc[mi][ni], a4, b2);
+                    }
+                }
+            }
+        }
+    }
+    cp_async_wait<0>();
+
+    const bool to_partials = p.splits > 1;
+    const int out_type = to_partials ? (int)FP4D_DTYPE_F32 : p.out_type;
+    void *out = to_partials ? (void *)(p.partials + (int64_t)split * p.m * p.n) : p.out;
+    const float alpha = to_partials ? 1.0f : p.alpha;
+    const bool paired = (p.n & 1) == 0;
+#pragma unroll
+    for (int mi = 0; mi < 4; mi++)
+#pragma unroll
+        for (int ni = 0; ni < 4; ni++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const int64_t r = m0 + wm * 64 + mi * 16 + g + h * 8;
+                const int64_t col = n0 + wn * 32 + ni * 8 + 2 * j;
+                if (r < p.m && col < p.n)
+                    store_out2(out_type, out, r * p.n + col, alpha * (acc[mi][ni][2 * h] * unfold),
+                               alpha * (acc[mi][ni][2 * h + 1] * unfold), col + 1 < p.n, paired);
+            }
+}
+
+/* out = RN(alpha * sum over splits of partials), splits summed in order 0, 1, ... */
+__global__ void fused_reduce_kernel(const float *__restrict__ partials, int splits, size_t count, float alpha,
+                                    int out_type, void *out)
+{
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < count; i += (size_t)gridDim.x * blockDim.x) {
+        float s = 0.0f;
+        for (int x = 0; x < splits; x++) s += partials[(size_t)x * count + i];
+        store_out(out_type, out, (int64_t)i, alpha * s);
+    }
+}
+
+/* ---------------------------------------------------------------------------------------
  * SIMT f32 GEMM (fallback)
  * ------------------------------------------------------------------------------------- */
 
@@ -1537,6 +1784,79 @@ extern "C" int fp4d_cuda_tiled_gemm(int op_type, const void *a, const void *b, i
     else
         tiled_kernel<false><<<grid, TG_THREADS, 0, (cudaStream_t)stream>>>((const uint16_t *)a, (const uint16_t *)b, m,
                                                                            n, k, alpha, out_type, out);
+    return (int)cudaGetLastError();
+}
+
+extern "C" int fp4d_cuda_fused_available(int device)
+{
+    int optin = 0;
+    if (cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess) return 0;
+    return optin >= FG_SMEM;
+}
+
+extern "C" int32_t fp4d_cuda_fused_splits(int64_t m, int64_t n, int64_t k, int sm_count)
+{
+    const int64_t slots = 2 * (sm_count > 0 ? sm_count : 132); /* two resident CTAs per SM */
+    const int64_t tiles = ((m + FG_BM - 1) / FG_BM) * ((n + FG_BN - 1) / FG_BN);
+    const int64_t ktiles = k / FG_BK;
+    if (tiles >= slots / 2 || ktiles < 8) return 1;
+    /* time model in k tiles: waves * (k tiles per split), plus half a k tile per split for
+     * writing and reducing its partial sums; at least 4 k tiles (256 k) per split. A wave
+     * cut short costs a whole wave (M=128, N=14336 on 132 SMs: 2 splits = 224 CTAs in one
+     * wave beat 3 splits = 336 CTAs in two) */
+    int64_t best = 1;
+    double best_cost = 1e300;
+    for (int64_t sp = 1; sp <= 16 && sp <= ktiles / 4; sp++) {
+        const int64_t per = (ktiles + sp - 1) / sp;
+        if ((ktiles + per - 1) / per != sp) continue; /* would leave a split empty */
+        const int64_t waves = (tiles * sp + slots - 1) / slots;
+        const double cost = (double)(waves * per) + 0.5 * (double)sp;
+        if (cost < best_cost) {
+            best_cost = cost;
+            best = sp;
+        }
+    }
+    return (int32_t)best;
+}
+
+extern "C" int fp4d_cuda_fused_gemm(int op_type, const void *a, const uint8_t *codes, const uint8_t *scales,
+                                    int layout, int64_t m, int64_t n, int64_t k, float alpha, int out_type, void *out,
+                                    int32_t splits, float *partials, void *stream)
+{
+    cudaStream_t s = (cudaStream_t)stream;
+    if (m == 0 || n == 0) return cudaSuccess;
+    /* 32-bit activation chunk offsets in the kernel: K < 2^24 */
+    if (k % FG_BK != 0 || k >= (1 << 24) || splits < 1 || (splits > 1 && !partials)) return (int)cudaErrorInvalidValue;
+    const bool f16 = op_type == FP4D_DTYPE_F16;
+    const char *minb_env = getenv("FP4DOCTOR_CUDA_FUSED_MINB");
+    const bool one_block = !f16 && minb_env && atoi(minb_env) == 1;
+    void (*kernel)(const fused_args) = f16 ? fused_kernel<true, 2> : one_block ? fused_kernel<false, 1> : fused_kernel<false, 2>;
+    /* set on every launch: the attribute is per device, and the call is cheap */
+    const cudaError_t ae = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, FG_SMEM);
+    if (ae != cudaSuccess) return (int)ae;
+    const int64_t ktiles = k / FG_BK;
+    fused_args p;
+    p.a = (const uint16_t *)a;
+    p.codes = codes;
+    p.scales = scales;
+    p.layout = layout;
+    p.m = m;
+    p.n = n;
+    p.k = k;
+    p.alpha = alpha;
+    p.out_type = out_type;
+    p.out = out;
+    p.splits = splits;
+    p.ktiles_per_split = (int32_t)((ktiles + splits - 1) / splits);
+    p.partials = partials;
+    const int64_t tiles = ((m + FG_BM - 1) / FG_BM) * ((n + FG_BN - 1) / FG_BN);
+    const int64_t blocks = tiles * splits;
+    if (blocks > INT32_MAX) return (int)cudaErrorInvalidConfiguration;
+    kernel<<<(unsigned)blocks, FG_THREADS, FG_SMEM, s>>>(p);
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess || splits == 1) return (int)e;
+    const size_t count = (size_t)m * (size_t)n;
+    fused_reduce_kernel<<<grid_for((int64_t)count, 256), 256, 0, s>>>(partials, splits, count, alpha, out_type, out);
     return (int)cudaGetLastError();
 }
 

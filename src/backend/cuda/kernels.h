@@ -53,6 +53,19 @@ int fp4d_cuda_fill_random_fp4(uint8_t *codes, size_t bytes, uint32_t seed, void 
 int fp4d_cuda_tiled_gemm(int op_type, const void *a, const void *b, int64_t m, int64_t n, int64_t k,
                          float alpha, int out_type, void *out, void *stream);
 
+/* ---- fused GEMM (large M): packed NVFP4 weights dequantized in registers --------------
+ * out[m, n] = alpha * sum_k A[m, k] * B[n, k]; A [M, K] row-major of op_type (BF16 or F16),
+ * B NVFP4 codes [N, K/2] + block scales in `layout`; K % 64 == 0, pointers 16-byte aligned
+ * (scales 4-byte aligned). f32 accumulation, output F32/BF16/F16 rounded once after alpha.
+ * splits > 1 (from fp4d_cuda_fused_splits) needs partials of splits * M * N floats and
+ * reduces them in a fixed order (deterministic). */
+int32_t fp4d_cuda_fused_splits(int64_t m, int64_t n, int64_t k, int sm_count);
+/* Non-zero when the device lets a block have the fused kernel's ~85 KB of shared memory. */
+int fp4d_cuda_fused_available(int device);
+int fp4d_cuda_fused_gemm(int op_type, const void *a, const uint8_t *codes, const uint8_t *scales, int layout,
+                         int64_t m, int64_t n, int64_t k, float alpha, int out_type, void *out, int32_t splits,
+                         float *partials, void *stream);
+
 /* ---- CUDA-core f32 GEMM (fallback for f32 activations and odd shapes) ---------------- */
 int fp4d_cuda_simt_gemm(const float *a, const float *b, int64_t m, int64_t n, int64_t k,
                         float alpha, int out_type, void *out, void *stream);
