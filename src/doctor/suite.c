@@ -157,6 +157,10 @@ static void add_default_extra(case_list *l)
     add_gemm(l, "edge", NV, NV, LIN, FP4D_INPUT_SATURATING, BF, 20, 64, 256);
     add_gemm(l, "edge", MX, MX, SWZ, FP4D_INPUT_ZERO_BLOCKS, F32, 12, 64, 128);
     add_gemm(l, "edge", NV, NV, SWZ, FP4D_INPUT_UNDERFLOW, BF, 65, 64, 128);
+    /* Odd N (not a multiple of 8, 16 or 128): kernels without an N-tail path write past
+     * or short of the last column tile only here. */
+    add_gemm(l, "edge", NV, NV, SWZ, FP4D_INPUT_GAUSSIAN, BF, 5, 131, 256);
+    add_gemm(l, "edge", BF, NV, LIN, FP4D_INPUT_GRID, F32, 129, 257, 128);
     /* Real LLM projections at the small M of decoding. */
     add_gemm(l, "llm", NV, NV, SWZ, FP4D_INPUT_GAUSSIAN, BF, 1, 4096, 4096);
     add_gemm(l, "llm", NV, NV, SWZ, FP4D_INPUT_GAUSSIAN, BF, 1, 14336, 4096);
