@@ -101,7 +101,20 @@ typedef struct probe_ctx {
     double                    t0;
     size_t                    records_cap;
     bool                      nomem;
+    /* Fluent answers (OK or WRONG_ANSWER) seen so far: does every prompt get the same text? */
+    unsigned                  answers_seen;
+    uint64_t                  first_answer_hash;
+    size_t                    first_answer_prompt;
+    bool                      answers_vary, prompts_vary;
 } probe_ctx;
+
+/* FNV-1a: enough to tell whether two answers are the same text. */
+static uint64_t text_hash(const char *t)
+{
+    uint64_t h = 1469598103934665603ull;
+    for (; *t; t++) h = (h ^ (unsigned char)*t) * 1099511628211ull;
+    return h;
+}
 
 static size_t on_body(char *data, size_t size, size_t nmemb, void *user)
 {
@@ -484,6 +497,16 @@ static const char *done_generation(probe_ctx *c, xfer *x, CURLcode rc, void *var
         }
     }
 
+    if ((oc.cls == FP4D_PROBE_OK || oc.cls == FP4D_PROBE_WRONG_ANSWER) && oc.content) {
+        uint64_t h = text_hash(oc.content);
+        if (c->answers_seen++ == 0) {
+            c->first_answer_hash   = h;
+            c->first_answer_prompt = x->prompt_index;
+        } else {
+            c->answers_vary |= h != c->first_answer_hash;
+            c->prompts_vary |= x->prompt_index != c->first_answer_prompt;
+        }
+    }
     fp4d_probe_phase *ph = a->ph;
     ph->counts[oc.cls]++;
     ph->completed++;
@@ -571,20 +594,23 @@ static unsigned count_where(const fp4d_probe_phase *ph, bool fault)
  * still shows as right-alone / wrong-in-a-batch. Unless --strict-answers, such answers are
  * noted, not held against the server.
  */
-static bool answers_unverifiable(const fp4d_probe_report *r, bool strict)
+static bool answers_unverifiable(const fp4d_probe_report *r, bool strict, bool canned)
 {
     const fp4d_probe_phase *p1 = &r->phases[0], *p2 = &r->phases[1];
-    return r->answer_check && !strict && p1->counts[FP4D_PROBE_OK] == 0 && p2->counts[FP4D_PROBE_OK] == 0 &&
-           p1->counts[FP4D_PROBE_WRONG_ANSWER] + p2->counts[FP4D_PROBE_WRONG_ANSWER] > 0;
+    unsigned wrong = p1->counts[FP4D_PROBE_WRONG_ANSWER] + p2->counts[FP4D_PROBE_WRONG_ANSWER];
+    bool none_right = p1->counts[FP4D_PROBE_OK] == 0 && p2->counts[FP4D_PROBE_OK] == 0;
+    return r->answer_check && !strict && wrong > 0 && (none_right || canned);
 }
 
-static void decide(fp4d_probe_report *r, bool strict_answers)
+/* canned: at least three fluent answers, to different prompts, all the very same text (a
+ * mock server's fixed reply may happen to contain one prompt's answer). */
+static void decide(fp4d_probe_report *r, bool strict_answers, bool canned)
 {
     if (r->verdict == FP4D_PROBE_VERDICT_UNREACHABLE) return;
     fp4d_probe_phase *p1 = &r->phases[0], *p2 = &r->phases[1];
     unsigned fault1 = count_where(p1, true), soft1 = count_where(p1, false);
     unsigned fault2 = count_where(p2, true), soft2 = count_where(p2, false);
-    if (answers_unverifiable(r, strict_answers)) {
+    if (answers_unverifiable(r, strict_answers, canned)) {
         r->answers_unverified = true;
         soft1 -= p1->counts[FP4D_PROBE_WRONG_ANSWER];
         soft2 -= p2->counts[FP4D_PROBE_WRONG_ANSWER];
@@ -595,7 +621,9 @@ static void decide(fp4d_probe_report *r, bool strict_answers)
         }
         size_t len = strlen(r->note);
         snprintf(r->note + len, sizeof r->note - len,
-                 "%sno checkable prompt was answered right, alone or in a batch: answers treated as "
+                 canned ? "%severy prompt got the same answer text (a canned or mock server): answers treated as "
+                          "unverifiable (--strict-answers counts them)"
+                        : "%sno checkable prompt was answered right, alone or in a batch: answers treated as "
                  "unverifiable (a mock server or a model that ignores the prompts; a fluent-but-wrong "
                  "kernel looks the same: --strict-answers counts them)",
                  len ? "; " : "");
@@ -759,7 +787,7 @@ fp4d_status fp4d_probe_run(const fp4d_probe_options *o, fp4d_probe_report **out)
         st = fp4d_set_error(FP4D_STATUS_NOMEM, "out of memory during the probe");
         goto done;
     }
-    decide(r, o->strict_answers);
+    decide(r, o->strict_answers, c.answers_seen >= 3 && c.prompts_vary && !c.answers_vary);
     fp4d_probe_write_hint(r);
     r->elapsed_s = fp4d_now_s() - c.t0;
 

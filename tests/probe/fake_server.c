@@ -267,6 +267,9 @@ static enum MHD_Result answer_completion(fake_server *s, struct MHD_Connection *
     case FAKE_WRONG_ANSWER:
         rp = (reply){"I believe it is banana bread.", NULL, "stop", NULL};
         break;
+    case FAKE_CANNED:
+        rp = (reply){"Hello! I am a test server. The answer is 7.", NULL, "stop", NULL};
+        break;
     case FAKE_GARBAGE_WHEN_CONCURRENT:
         if (crowded) rp = (reply){" , , (!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!", NULL, "length", NULL};
         break;

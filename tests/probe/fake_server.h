@@ -14,6 +14,7 @@ typedef enum fake_behavior {
     FAKE_BANG_REASONING,        /* content null, reasoning_content "!!!!!!!!..." */
     FAKE_REASONING_ONLY,        /* content null, fluent reasoning, finish_reason "stop" */
     FAKE_WRONG_ANSWER,          /* fluent, finite, wrong */
+    FAKE_CANNED,                /* one fixed reply to every prompt, right for one of them */
     FAKE_GARBAGE_WHEN_CONCURRENT, /* healthy alone; `!!!!` garbage when > 1 request in flight */
     FAKE_NAN_WHEN_CONCURRENT,   /* healthy alone; NaN stop when > 1 request in flight */
     FAKE_WRONG_WHEN_CONCURRENT, /* healthy alone; fluent wrong answers when > 1 in flight */

@@ -350,6 +350,23 @@ static void test_degraded(void **state)
         assert_int_equal(fp4d_probe_exit_code(res.r), 0);
         fp4d_probe_report_free(res.r);
     }
+    /* A canned server whose one fixed reply happens to be right for one prompt ("7"): the
+     * same text for every prompt marks the answers unverifiable too. */
+    {
+        fake_config cfg = {.behavior = FAKE_CANNED};
+        fp4d_probe_options o;
+        small_options(&o, 4, 6);
+        run_result res = probe(&cfg, &o);
+        assert_true(res.r->phases[0].counts[FP4D_PROBE_OK] + res.r->phases[1].counts[FP4D_PROBE_OK] > 0);
+        assert_true(res.r->answers_unverified);
+        assert_int_equal(res.r->verdict, FP4D_PROBE_VERDICT_HEALTHY);
+        assert_non_null(strstr(res.r->note, "same answer text"));
+        fp4d_probe_report_free(res.r);
+        o.strict_answers = true;
+        res = probe(&cfg, &o);
+        assert_int_not_equal(res.r->verdict, FP4D_PROBE_VERDICT_HEALTHY);
+        fp4d_probe_report_free(res.r);
+    }
     /* --no-answer-check: wrong answers are not judged. */
     fake_config cfg = {.behavior = FAKE_WRONG_ANSWER};
     fp4d_probe_options o;
