@@ -236,14 +236,6 @@ static bool cb_supports(void *ctx, const fp4d_gemm_desc *d, fp4d_reason *why)
     return true;
 }
 
-static fp4d_status finish(cublas_ctx *c, const char *what)
-{
-    cudaError_t e = cudaStreamSynchronize(c->stream);
-    if (e == cudaSuccess) e = cudaGetLastError();
-    if (e != cudaSuccess) return fp4d_cuda_status(e, what);
-    return FP4D_STATUS_OK;
-}
-
 static fp4d_status cb_gemm(void *ctx, const fp4d_gemm_problem *p)
 {
     cublas_ctx *c = ctx;
@@ -259,7 +251,7 @@ static fp4d_status cb_gemm(void *ctx, const fp4d_gemm_problem *p)
     FP4D_CUDA_TRY(cudaMemcpyAsync(c->out.ptr, p->out, ob, cudaMemcpyHostToDevice, c->stream), "cublas-bf16: upload out");
     FP4D_FORWARD_IF_ERROR(dense_gemm(c, dense, ad, bd, m, n, k, p->alpha, p->out_type, c->out.ptr));
     FP4D_CUDA_TRY(cudaMemcpyAsync(p->out, c->out.ptr, ob, cudaMemcpyDeviceToHost, c->stream), "cublas-bf16: download out");
-    return finish(c, "cublas-bf16: GEMM");
+    return fp4d_cuda_sync(c->stream, "cublas-bf16: GEMM");
 }
 
 /* The per-expert loop: one cuBLAS GEMM per expert with rows (what the bench compares the
@@ -287,7 +279,7 @@ static fp4d_status cb_grouped_gemm(void *ctx, const fp4d_grouped_gemm_problem *p
                                          p->alpha[e], p->out_type, (uint8_t *)c->out.ptr + (size_t)r0 * (size_t)n * osz));
     }
     FP4D_CUDA_TRY(cudaMemcpyAsync(p->out, c->out.ptr, ob, cudaMemcpyDeviceToHost, c->stream), "cublas-bf16: download out");
-    return finish(c, "cublas-bf16: grouped GEMM");
+    return fp4d_cuda_sync(c->stream, "cublas-bf16: grouped GEMM");
 }
 
 static int cb_score(void *ctx, const fp4d_gemm_desc *d)

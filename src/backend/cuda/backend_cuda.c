@@ -393,14 +393,6 @@ static bool cuda_supports(void *ctx, const fp4d_gemm_desc *d, fp4d_reason *why)
     return true;
 }
 
-static fp4d_status sync_and_check(cuda_ctx *c, const char *what)
-{
-    cudaError_t e = cudaStreamSynchronize(c->stream);
-    if (e == cudaSuccess) e = cudaGetLastError();
-    if (e != cudaSuccess) return fp4d_cuda_status(e, what);
-    return FP4D_STATUS_OK;
-}
-
 static fp4d_status cuda_gemm(void *ctx, const fp4d_gemm_problem *p)
 {
     cuda_ctx *c = ctx;
@@ -420,7 +412,7 @@ static fp4d_status cuda_gemm(void *ctx, const fp4d_gemm_problem *p)
     };
     FP4D_FORWARD_IF_ERROR(run_dev_gemm(c, &g));
     FP4D_CUDA_TRY(cudaMemcpyAsync(p->out, c->out.ptr, out_bytes, cudaMemcpyDeviceToHost, c->stream), "cuda: download out");
-    return sync_and_check(c, "cuda: GEMM");
+    return fp4d_cuda_sync(c->stream, "cuda: GEMM");
 }
 
 static fp4d_status cuda_grouped_gemm(void *ctx, const fp4d_grouped_gemm_problem *p)
@@ -466,7 +458,7 @@ static fp4d_status cuda_grouped_gemm(void *ctx, const fp4d_grouped_gemm_problem 
             cudaMemcpyAsync(p->out, c->out.ptr, out_bytes, cudaMemcpyDeviceToHost, c->stream) != cudaSuccess)
             st = fp4d_set_error(FP4D_STATUS_DEVICE, "cuda: download out failed");
     }
-    fp4d_status sync = sync_and_check(c, "cuda: grouped GEMM");
+    fp4d_status sync = fp4d_cuda_sync(c->stream, "cuda: grouped GEMM");
     free(codes);
     return st != FP4D_STATUS_OK ? st : sync;
 }
@@ -515,7 +507,7 @@ static fp4d_status cuda_quantize(void *ctx, fp4d_quantize_problem *q)
     FP4D_CUDA_TRY(cudaMemcpyAsync(q->codes, c->b.ptr, code_bytes, cudaMemcpyDeviceToHost, c->stream), "cuda: download codes");
     FP4D_CUDA_TRY(cudaMemcpyAsync(q->scales, c->b_sc.ptr, scale_bytes, cudaMemcpyDeviceToHost, c->stream),
                   "cuda: download scales");
-    FP4D_FORWARD_IF_ERROR(sync_and_check(c, "cuda: quantize"));
+    FP4D_FORWARD_IF_ERROR(fp4d_cuda_sync(c->stream, "cuda: quantize"));
     q->result.encode_scale = gs;
     q->result.decode_scale = decode;
     return FP4D_STATUS_OK;

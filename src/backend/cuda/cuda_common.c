@@ -21,6 +21,13 @@ fp4d_status fp4d_cuda_status(int cuda_error, const char *what)
                           cudaGetErrorName((cudaError_t)cuda_error));
 }
 
+fp4d_status fp4d_cuda_sync(cudaStream_t s, const char *what)
+{
+    cudaError_t e = cudaStreamSynchronize(s);
+    if (e == cudaSuccess) e = cudaGetLastError();
+    return e == cudaSuccess ? FP4D_STATUS_OK : fp4d_cuda_status(e, what);
+}
+
 fp4d_status fp4d_cuda_open_device(int device, int *resolved, int *sm_count, size_t *l2_bytes, int *cc,
                                   fp4d_reason *why)
 {

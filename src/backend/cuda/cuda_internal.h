@@ -26,6 +26,9 @@ void fp4d_cuda_reason(fp4d_reason *why, const char *fmt, ...)
 
 /* A CUDA runtime error as a DEVICE status with fp4d_last_error() = "<what>: <cuda message>". */
 fp4d_status fp4d_cuda_status(int cuda_error, const char *what);
+/* Waits for the stream, then reports any error it or an earlier launch left (launch
+ * errors surface on the synchronisation or in cudaGetLastError). */
+fp4d_status fp4d_cuda_sync(cudaStream_t s, const char *what);
 #define FP4D_CUDA_TRY(expr, what)                                              \
     do {                                                                       \
         int fp4d_cuda_e_ = (int)(expr);                                        \
