@@ -300,8 +300,9 @@ static void test_cuda_gemv(void **state)
     if (!b) skip();
     static const int64_t shapes[][3] = {
         {1, 1, 32}, {1, 7, 96}, {2, 129, 1056}, {3, 517, 3104}, {4, 33, 3104}, {4, 260, 6176},
-        {1, 300, 12320}, {2, 5, 32}, {3, 64, 2080}, {4, 1031, 160},
+        {1, 300, 12320}, {2, 5, 32}, {3, 64, 2080}, {4, 1031, 160}, {1, 96, 4096},
     };
+    setenv("FP4DOCTOR_CUDA_GEMV_MAX_M", "4", 1); /* M = 2..4 too, and M = 1 at any K */
     const bool quick = getenv("FP4D_GPU_TEST_QUICK") != NULL;
     int cases = 0, failures = 0;
     for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
@@ -318,7 +319,46 @@ static void test_cuda_gemv(void **state)
                 cases++;
                 if (bad) failures++;
             }
+    unsetenv("FP4DOCTOR_CUDA_GEMV_MAX_M");
     fprintf(stderr, "  cuda gemv: %d cases, %d failed\n", cases, failures);
+    assert_true(cases > 0);
+    assert_int_equal(failures, 0);
+    fp4d_backend_close(b);
+}
+
+/* The weight-streaming kernel (items of <= 16 rows, K % 256 == 0), with the GEMV kernel off
+ * so that M = 1 reaches it too: M = 1..16 (one and two 8-token MMA columns, tokens short of
+ * a column), N below, at and past the 128-row block (rows clamped, never stored), K of one
+ * phase up to K split over many blocks, every activation type, both weight formats, all
+ * three scale layouts on both sides, every output type and a NaN block scale. */
+static void test_cuda_wa(void **state)
+{
+    (void)state;
+    fp4d_backend_t b = open_or_skip("cuda");
+    if (!b) skip();
+    static const int64_t shapes[][3] = {
+        {1, 40, 256}, {1, 300, 4096}, {2, 128, 512}, {5, 129, 1536}, {8, 16, 7168},
+        {9, 200, 1024}, {12, 33, 256}, {16, 1000, 2304}, {16, 257, 8192}, {3, 7, 768},
+    };
+    setenv("FP4DOCTOR_CUDA_GEMV_MAX_M", "0", 1);
+    const bool quick = getenv("FP4D_GPU_TEST_QUICK") != NULL;
+    int cases = 0, failures = 0;
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
+        for (size_t ai = 0; ai < sizeof a_types / sizeof a_types[0]; ai++)
+            for (size_t bi = 0; bi < 2; bi++) {
+                if (quick && (si + ai + bi) % 3) continue;
+                const fp4d_dtype at = a_types[ai], bt = b_types[bi];
+                const fp4d_scale_layout al = layouts[(si + bi) % 3], bl = layouts[(si + ai + bi) % 3];
+                nan_scale_row = (si + ai) % 3 == 0 ? shapes[si][1] - 1 : -1;
+                const int bad = run_case(b, at, bt, al, bl, out_types[(si + ai) % 3], shapes[si][0], shapes[si][1],
+                                         shapes[si][2]);
+                nan_scale_row = -1;
+                if (bad < 0) continue;
+                cases++;
+                if (bad) failures++;
+            }
+    unsetenv("FP4DOCTOR_CUDA_GEMV_MAX_M");
+    fprintf(stderr, "  cuda wa: %d cases, %d failed\n", cases, failures);
     assert_true(cases > 0);
     assert_int_equal(failures, 0);
     fp4d_backend_close(b);
@@ -464,8 +504,12 @@ static void test_cuda_quantize_bit_identical(void **state)
     for (int si = 0; si < 3; si++)
         for (int li = 0; li < 3; li++)
             for (int given = 0; given < 4; given++) {
-                /* given & 2: cols % 64 == 0, the bf16 source's vectorized kernel */
-                const int64_t rows = 37 + li, cols = given & 2 ? 64 * (2 + si) : 16 * (5 + si);
+                /* given & 2: cols % 64 == 0, the bf16 source's vectorized kernel; bf16 with
+                 * given == 3: cols % 2048 == 0 and rows past 128 (the one-block-per-lane
+                 * kernel, swizzled row groups) */
+                const bool wide = si == 1 && given == 3;
+                const int64_t rows = wide ? 129 + 128 * li : 37 + li;
+                const int64_t cols = wide ? 2048 * (1 + li) : given & 2 ? 64 * (2 + si) : 16 * (5 + si);
                 float *f = malloc((size_t)(rows * cols) * sizeof *f);
                 for (int64_t i = 0; i < rows * cols; i++) {
                     const float u = rnd_unit();
@@ -542,6 +586,7 @@ int main(void)
         cmocka_unit_test(test_cuda_fused),
         cmocka_unit_test(test_cuda_fused_deterministic),
         cmocka_unit_test(test_cuda_grouped),
+        cmocka_unit_test(test_cuda_wa),
         cmocka_unit_test(test_cuda_quantize_bit_identical),
         cmocka_unit_test(test_cublas_bf16_gemm_sweep),
         cmocka_unit_test(test_cublas_bf16_grouped),

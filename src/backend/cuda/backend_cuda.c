@@ -186,7 +186,7 @@ static fp4d_status plan_skinny(cuda_ctx *c, const dev_gemm *g, fp4d_devbuf *para
     args->max_rows = max_item_rows;
     args->out_type = g->out_type;
     args->out = g->out;
-    args->splits = n_items ? fp4d_cuda_skinny_pick_splits(g->n, g->k, (int32_t)n_items, max_item_rows, c->sm_count) : 1;
+    args->splits = n_items ? fp4d_cuda_skinny_pick_splits(args, c->sm_count) : 1;
     if (args->splits > 1) {
         size_t pb = 0, cc = 0;
         fp4d_cuda_skinny_scratch(g->n, (int32_t)n_items, args->splits, max_item_rows, &pb, &cc);

@@ -875,6 +875,290 @@ __global__ void __launch_bounds__(DK_WARPS * 32, 3) decode_kernel(const fp4d_ski
 }
 
 /* ---------------------------------------------------------------------------------------
+ * Weight-streaming decode kernel (items of <= 16 rows, K % 256 == 0)
+ *
+ * The weights are the 16-row A operand of m16n8k16 (one warp = 16 weight rows) and the
+ * tokens the 8-column B operand, so no MMA row is wasted at M <= 8 and each decoded weight
+ * feeds one MMA per 8 tokens. Each lane streams its own 16-byte pieces of two weight rows
+ * straight into registers, WA_DEPTH - 1 phases of 256 k ahead of the one it computes; the
+ * activations of the block's K range are staged once in shared memory, already in the
+ * order of the B fragments (one conflict-free 16-byte load per lane feeds two MMAs; lanes
+ * of tokens past the item read a zero unit, so the loop has no branches). The warps of a
+ * block take consecutive row tiles over the same K range and share the staging. K beyond
+ * one block's range goes to other blocks (split-K), reduced in a fixed order by the last
+ * block of each tile (deterministic). Block scales are turned into folded bf16x2 / half2
+ * pairs through a 256-entry table in shared memory (one load per scale byte).
+ *
+ * K order inside one 8-k group: nibble i of a code word pairs with nibble i + 4 (one
+ * shift decodes a pair, see e2m1_pair_raw); the staged activations use the same pairing.
+ * ------------------------------------------------------------------------------------- */
+
+constexpr int WA_WARPS = 4;
+constexpr int WA_ROWS = WA_WARPS * 16;  /* weight rows per block */
+constexpr int WA_PHASE = 256;           /* k per phase: 128 bytes of each weight row */
+constexpr int WA_DEPTH = 3;             /* register buffers: phases in flight + 1 */
+constexpr int WA_SMEM_MAX = 48 * 1024;  /* staged activations per block */
+constexpr int WA_MIN_BLOCKS = 4;        /* resident blocks per SM the registers must allow */
+
+/* 16-byte unit of staged activations holding token m's 8-k group g8 (relative to the
+ * block's first k): ordered so that lane (g, t) of a warp reads consecutive units */
+__device__ __forceinline__ int wa_unit(int g8, int m, int mp)
+{
+    const int ph = g8 >> 5, r = g8 & 31, c = r >> 4, t = (r >> 2) & 3, q = r & 3;
+    return ((((ph * 2 + c) * 4 + q) * mp + m) << 2) + t;
+}
+
+/* One folded NVFP4 scale byte as a bf16x2 / half2 pair (see nv_scales_folded). */
+template <bool F16> __device__ __forceinline__ uint32_t nv_scale_folded1(uint32_t b)
+{
+    uint32_t out[4];
+    nv_scales_folded<F16>(b & 0xFFu, out);
+    return out[0];
+}
+
+__device__ __forceinline__ uint4 lds128(uint32_t addr)
+{
+    uint4 v;
+    asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
+    return v;
+}
+__device__ __forceinline__ uint32_t lds32(uint32_t addr)
+{
+    uint32_t v;
+    asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(v) : "r"(addr));
+    return v;
+}
+
+template <int AK, bool BNV, int MT>
+__global__ void __launch_bounds__(WA_WARPS * 32, WA_MIN_BLOCKS) wa_kernel(const fp4d_skinny_args p)
+{
+    constexpr bool F16 = AK == AK_F16;
+    static_assert(BNV || !F16, "f16 activations with MXFP4 weights take the simt path");
+    extern __shared__ __align__(16) uint4 wa_act[];
+    __shared__ uint32_t wa_stab[256]; /* scale byte -> folded pair */
+    __shared__ uint4 wa_zero;         /* B fragment of tokens past the item */
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+
+    const fp4d_skinny_item it = p.items[blockIdx.z];
+    const uint8_t *bcodes = p.b_codes[it.expert];
+    const uint8_t *bscales = p.b_scales[it.expert];
+    const int64_t K = p.k, N = p.n, phases = K / WA_PHASE;
+    const int64_t ph0 = phases * blockIdx.y / p.splits;
+    const int nph = (int)(phases * (blockIdx.y + 1) / p.splits - ph0);
+    const int mp = it.rows;
+    const int64_t bC = K / (BNV ? 16 : 32);
+
+    /* this lane's two weight rows (clamped: rows >= N are computed but never stored), as
+     * running pointers to the next phase to load: codes at +0 / +64 (chunks c = 0, 1: k +
+     * 128c + 32t .. +31), scales at +0 / +sc_chunk (NVFP4: the u16 of blocks 8c + 2t and
+     * 8c + 2t + 1; MXFP4: the byte of block 4c + t), advancing by sc_phase per phase */
+    const int64_t n_lo = (int64_t)blockIdx.x * WA_ROWS + warp * 16 + g, n_hi = n_lo + 8;
+    const int64_t r_lo = min(n_lo, N - 1), r_hi = min(n_hi, N - 1);
+    const uint8_t *wp[2] = {bcodes + r_lo * (K / 2) + ph0 * (WA_PHASE / 2) + 16 * t,
+                            bcodes + r_hi * (K / 2) + ph0 * (WA_PHASE / 2) + 16 * t};
+    constexpr int cols_phase = WA_PHASE / (BNV ? 16 : 32), cols_chunk = cols_phase / 2;
+    const int64_t sc_col0 = scale_col_off(p.b_layout, ph0 * cols_phase + (BNV ? 2 * t : t));
+    const int sc_chunk = (int)scale_col_off(p.b_layout, cols_chunk), sc_phase = (int)scale_col_off(p.b_layout, cols_phase);
+    const uint8_t *sp_[2] = {bscales + scale_row_off(p.b_layout, bC, r_lo) + sc_col0,
+                             bscales + scale_row_off(p.b_layout, bC, r_hi) + sc_col0};
+
+    auto issue = [&](int ph, uint4 w[2][2], uint32_t s[2]) {
+        if (ph < nph) {
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+                w[0][r] = load_stream_16(wp[r]);
+                w[1][r] = load_stream_16(wp[r] + 64);
+                if (BNV)
+                    s[r] = __ldg((const unsigned short *)sp_[r]) | ((uint32_t)__ldg((const unsigned short *)(sp_[r] + sc_chunk)) << 16);
+                else
+                    s[r] = __ldg(sp_[r]) | ((uint32_t)__ldg(sp_[r] + sc_chunk) << 8);
+            }
+        }
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            wp[r] += WA_PHASE / 2;
+            sp_[r] += sc_phase;
+        }
+    };
+
+    uint4 cw[WA_DEPTH][2][2];
+    uint32_t cs[WA_DEPTH][2];
+#pragma unroll
+    for (int d = 0; d < WA_DEPTH - 1; d++) issue(d, cw[d], cs[d]);
+
+    const uint32_t pow2_126 = bf16x2_bits(__floats2bfloat162_rn(0x1p126f, 0x1p126f));
+    /* scale table, zero unit, and the activations of tokens 0..mp-1 over this K range */
+    for (int b = threadIdx.x; b < 256; b += blockDim.x) wa_stab[b] = BNV ? nv_scale_folded1<F16>((uint32_t)b) : mx_scale_pair((uint32_t)b);
+    if (threadIdx.x == 0) wa_zero = make_uint4(0, 0, 0, 0);
+    {
+        const int groups = nph * (WA_PHASE / 8);
+        const int64_t kbase = ph0 * WA_PHASE;
+        const bool nva = p.a_type == FP4D_DTYPE_NVFP4;
+        for (int m = 0; m < mp; m++) {
+            const int64_t row = (int64_t)it.row0 + m;
+            if (AK == AK_FP4) {
+                const uint32_t *codes = (const uint32_t *)((const uint8_t *)p.a + row * (K / 2) + kbase / 2);
+                const int64_t aC = K / (nva ? 16 : 32);
+                const uint8_t *srow_a = p.a_scales + scale_row_off(p.a_layout, aC, row);
+                const int64_t col0 = kbase / (nva ? 16 : 32);
+                for (int g8 = threadIdx.x; g8 < groups; g8 += blockDim.x) {
+                    const uint32_t w = __ldg(codes + g8);
+                    const uint32_t sb = __ldg(srow_a + scale_col_off(p.a_layout, col0 + (nva ? g8 >> 1 : g8 >> 2)));
+                    uint32_t o[4];
+                    if (nva) {
+                        const uint32_t s2 = nv_scale_folded1<false>(sb);
+#pragma unroll
+                        for (int i = 0; i < 4; i++) o[i] = mul2<false>(e2m1_pair_raw<false>(w, i), s2);
+                    } else {
+                        const uint32_t s2 = mx_scale_pair(sb);
+#pragma unroll
+                        for (int i = 0; i < 4; i++) o[i] = mul2<false>(mul2<false>(e2m1_pair_raw<false>(w, i), pow2_126), s2);
+                    }
+                    wa_act[wa_unit(g8, m, mp)] = make_uint4(o[0], o[1], o[2], o[3]);
+                }
+            } else {
+                const uint4 *src = (const uint4 *)((const uint16_t *)p.a + row * K + kbase);
+                for (int g8 = threadIdx.x; g8 < groups; g8 += blockDim.x) {
+                    const uint4 v = __ldg(src + g8);
+                    wa_act[wa_unit(g8, m, mp)] = make_uint4(__byte_perm(v.x, v.z, 0x5410), __byte_perm(v.x, v.z, 0x7632),
+                                                            __byte_perm(v.y, v.w, 0x5410), __byte_perm(v.y, v.w, 0x7632));
+                }
+            }
+        }
+    }
+    __syncthreads();
+
+    /* two accumulator sets, one per k-step of a pair, so that consecutive MMAs do not wait
+     * on each other; summed once at the end */
+    float acc[MT][4], acc2[MT][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) acc[mt][e] = acc2[mt][e] = 0.0f;
+
+    /* B fragments: unit (ph * 8 + 4c + q) * 4mp + 4m + t, i.e. a lane base plus a multiple
+     * of a lane stride; lanes of tokens >= mp read the zero unit with stride 0 */
+    uint32_t bbase[MT], bstride[MT];
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) {
+        const int m = mt * 8 + g;
+        const bool live = m < mp;
+        bbase[mt] = live ? (uint32_t)__cvta_generic_to_shared(&wa_act[4 * m + t]) : (uint32_t)__cvta_generic_to_shared(&wa_zero);
+        bstride[mt] = live ? 64u * (uint32_t)mp : 0u;
+    }
+    const uint32_t stab = (uint32_t)__cvta_generic_to_shared(wa_stab);
+
+    auto compute = [&](int ph, const uint4 w[2][2], const uint32_t s[2]) {
+        /* scale pairs per row: index 2c + (q >> 1) (NVFP4) or c (MXFP4) */
+        uint32_t sp[2][4];
+#pragma unroll
+        for (int r = 0; r < 2; r++)
+#pragma unroll
+            for (int j = 0; j < (BNV ? 4 : 2); j++) sp[r][j] = lds32(stab + 4 * ((s[r] >> (8 * j)) & 0xFFu));
+        uint32_t bph[MT];
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++) bph[mt] = bbase[mt] + (uint32_t)ph * 8u * bstride[mt];
+#pragma unroll
+        for (int c = 0; c < 2; c++)
+#pragma unroll
+            for (int q = 0; q < 4; q++) {
+                const uint32_t wl = q == 0 ? w[c][0].x : q == 1 ? w[c][0].y : q == 2 ? w[c][0].z : w[c][0].w;
+                const uint32_t wh = q == 0 ? w[c][1].x : q == 1 ? w[c][1].y : q == 2 ? w[c][1].z : w[c][1].w;
+                uint4 b[MT];
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) b[mt] = lds128(bph[mt] + (uint32_t)(4 * c + q) * bstride[mt]);
+                const uint32_t sl = BNV ? sp[0][2 * c + (q >> 1)] : sp[0][c];
+                const uint32_t sh = BNV ? sp[1][2 * c + (q >> 1)] : sp[1][c];
+#pragma unroll
+                for (int st = 0; st < 2; st++) {
+                    uint32_t a[4];
+                    const uint32_t r0 = e2m1_pair_raw<F16>(wl, 2 * st), r1 = e2m1_pair_raw<F16>(wh, 2 * st);
+                    const uint32_t r2 = e2m1_pair_raw<F16>(wl, 2 * st + 1), r3 = e2m1_pair_raw<F16>(wh, 2 * st + 1);
+                    if (BNV) {
+                        a[0] = mul2<F16>(r0, sl);
+                        a[1] = mul2<F16>(r1, sh);
+                        a[2] = mul2<F16>(r2, sl);
+                        a[3] = mul2<F16>(r3, sh);
+                    } else {
+                        a[0] = mul2<false>(mul2<false>(r0, pow2_126), sl);
+                        a[1] = mul2<false>(mul2<false>(r1, pow2_126), sh);
+                        a[2] = mul2<false>(mul2<false>(r2, pow2_126), sl);
+                        a[3] = mul2<false>(mul2<false>(r3, pow2_126), sh);
+                    }
+#pragma unroll
+                    for (int mt = 0; mt < MT; mt++) {
+                        const uint32_t bb[2] = {st == 0 ? b[mt].x : b[mt].z, st == 0 ? b[mt].y : b[mt].w};
+                        mma_16816<F16>(st == 0 ? acc[mt] : acc2[mt], a, bb);
+                    }
+                }
+            }
+    };
+
+    for (int p0 = 0; p0 < nph; p0 += WA_DEPTH) {
+#pragma unroll
+        for (int d = 0; d < WA_DEPTH; d++) {
+            const int ph = p0 + d;
+            if (ph < nph) {
+                issue(ph + WA_DEPTH - 1, cw[(d + WA_DEPTH - 1) % WA_DEPTH], cs[(d + WA_DEPTH - 1) % WA_DEPTH]);
+                compute(ph, cw[d], cs[d]);
+            }
+        }
+    }
+
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) acc[mt][e] += acc2[mt][e];
+
+    /* accumulator element e: weight row g (e < 2) or g + 8, token mt*8 + 2t + (e & 1) */
+    auto ok = [&](int mt, int e) {
+        const int64_t n = e < 2 ? n_lo : n_hi;
+        return n < N && mt * 8 + 2 * t + (e & 1) < mp;
+    };
+    constexpr int SLOTS = WA_WARPS * MT * 4 * 32;
+    if (p.splits > 1) {
+        const int64_t tile = (int64_t)blockIdx.z * gridDim.x + blockIdx.x;
+        float *base = p.partials + tile * (int64_t)p.splits * SLOTS;
+        float *mine = base + (int64_t)blockIdx.y * SLOTS;
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                if (ok(mt, e)) __stcg(mine + ((warp * MT + mt) * 4 + e) * 32 + lane, acc[mt][e]);
+        __threadfence();
+        __syncthreads();
+        __shared__ uint32_t wa_prev;
+        if (threadIdx.x == 0) wa_prev = atomicAdd(p.counters + tile, 1u);
+        __syncthreads();
+        if (wa_prev != (uint32_t)p.splits - 1) return;
+        __threadfence();
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                if (!ok(mt, e)) continue;
+                float sum = 0.0f;
+                for (int sp = 0; sp < p.splits; sp++)
+                    sum += __ldcg(base + (int64_t)sp * SLOTS + ((warp * MT + mt) * 4 + e) * 32 + lane);
+                acc[mt][e] = sum;
+            }
+        if (threadIdx.x == 0) p.counters[tile] = 0;
+    }
+
+    /* undo the 2^-7 of each folded NVFP4 operand (exact), then alpha: one rounding */
+    const float unfold = (BNV ? 128.0f : 1.0f) * (AK == AK_FP4 && p.a_type == FP4D_DTYPE_NVFP4 ? 128.0f : 1.0f);
+    const float alpha = p.alpha[it.expert];
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            if (ok(mt, e)) {
+                const int64_t tok = (int64_t)it.row0 + mt * 8 + 2 * t + (e & 1);
+                store_out(p.out_type, p.out, tok * N + (e < 2 ? n_lo : n_hi), alpha * (acc[mt][e] * unfold));
+            }
+}
+
+/* ---------------------------------------------------------------------------------------
  * Tiled GEMM (dense bf16/f16 operands)
  * ------------------------------------------------------------------------------------- */
 
@@ -1349,6 +1633,82 @@ __device__ __forceinline__ uint32_t f32_to_e2m1_fast(float y)
 }
 
 /*
+ * One NVFP4 block of 16 bf16 values (8 words of pairs) under the default convention: the
+ * block max on packed bf16 pairs (|x| by masking the sign; the max of bf16 values is exact
+ * and ignores NaN like fmaxf), the e4m3 scale byte (returned), and the 16 codes as two
+ * words (low nibble = even element). Same arithmetic as quantize_nvfp4_kernel.
+ */
+__device__ __forceinline__ uint32_t quantize_block16_bf16(const uint32_t wv[8], float gs_div6, float rcp_gs,
+                                                          uint32_t out[2])
+{
+    __nv_bfloat162 m2 = bits_bf16x2(wv[0] & 0x7FFF7FFFu);
+#pragma unroll
+    for (int e = 1; e < 8; e++) m2 = __hmax2(m2, bits_bf16x2(wv[e] & 0x7FFF7FFFu));
+    const float vmax = fmaxf(__low2float(m2), __high2float(m2));
+    const float sf = vmax != 0.0f ? __fmul_rn(vmax, gs_div6) : 0.0f;
+    const uint32_t sfbyte = f32_to_e4m3_satfinite(sf);
+    const float sfq = ue4m3_to_f32(sfbyte);
+    const float out_scale = vmax != 0.0f ? fminf(__fdiv_rn(1.0f, __fmul_rn(sfq, rcp_gs)), FLT_MAX) : 0.0f;
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        uint32_t word = 0;
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const uint32_t w = wv[4 * h + e];
+            const float x0 = __uint_as_float(w << 16), x1 = __uint_as_float(w & 0xFFFF0000u);
+            word |= f32_to_e2m1_fast(__fmul_rn(x0, out_scale)) << (8 * e);
+            word |= f32_to_e2m1_fast(__fmul_rn(x1, out_scale)) << (8 * e + 4);
+        }
+        out[h] = word;
+    }
+    return sfbyte;
+}
+
+/*
+ * bf16 -> NVFP4 when cols % 2048 == 0 (128 blocks of a row per warp step): one block of 16
+ * per lane and step, four steps in flight (blocks lane, lane + 32, lane + 64, lane + 96 of
+ * the warp's 128). A warp's loads then cover 4 KB contiguously (two 16-byte loads per
+ * block, the second half of each 128-byte line served from L1) where one thread per group
+ * of 4 blocks touched 32 lines per load instruction; codes go out as 8-byte stores that a
+ * warp writes contiguously, scales as bytes (4 consecutive lanes fill one scale word).
+ */
+__global__ void __launch_bounds__(256) quantize_bf16_b1_kernel(const uint4 *__restrict__ src, int64_t rows, int64_t C,
+                                                               float gs, int layout, uint2 *__restrict__ codes,
+                                                               uint8_t *__restrict__ scales)
+{
+    const float rcp_gs = __fdiv_rn(1.0f, gs);
+    const float gs_div6 = __fmul_rn(gs, __fdiv_rn(1.0f, 6.0f));
+    const int lane = threadIdx.x & 31;
+    const int64_t chunks_per_row = C / 128, chunks = rows * chunks_per_row;
+    const int64_t warps = (int64_t)gridDim.x * (blockDim.x / 32);
+    for (int64_t ch = (int64_t)blockIdx.x * (blockDim.x / 32) + (threadIdx.x >> 5); ch < chunks; ch += warps) {
+        const int64_t r = ch / chunks_per_row, c0 = (ch - r * chunks_per_row) * 128;
+        const int64_t b0 = ch * 128 + lane;
+        uint4 v[8];
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            v[2 * i] = __ldg(src + (b0 + 32 * i) * 2);
+            v[2 * i + 1] = __ldg(src + (b0 + 32 * i) * 2 + 1);
+        }
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const uint32_t wv[8] = {v[2 * i].x, v[2 * i].y, v[2 * i].z, v[2 * i].w,
+                                    v[2 * i + 1].x, v[2 * i + 1].y, v[2 * i + 1].z, v[2 * i + 1].w};
+            uint32_t out[2];
+            const uint32_t sfbyte = quantize_block16_bf16(wv, gs_div6, rcp_gs, out);
+            __stcs(codes + b0 + 32 * i, make_uint2(out[0], out[1]));
+            const int64_t c = c0 + 32 * i + lane;
+            int64_t off;
+            if (layout == FP4D_LAYOUT_LINEAR) off = r * C + c;
+            else if (layout == FP4D_LAYOUT_SWIZZLED_128X4)
+                off = (r >> 7) * (128 * C) + (c >> 2) * 512 + (r & 31) * 16 + ((r >> 5) & 3) * 4 + (c & 3);
+            else off = (r >> 3) * (8 * C) + (c >> 2) * 32 + (r & 7) * 4 + (c & 3);
+            scales[off] = (uint8_t)sfbyte;
+        }
+    }
+}
+
+/*
  * bf16 -> NVFP4 when cols % 64 == 0, one thread per group of 4 blocks (64 elements, one
  * aligned 4-byte word of scales in every layout; it replaced a warp-cooperative kernel,
  * 2 lanes per block with shuffles, that reached 52% of copy bandwidth against 65-68%): eight 16-byte loads issued before any
@@ -1378,27 +1738,7 @@ __global__ void __launch_bounds__(256) quantize_bf16_g4_kernel(const uint4 *__re
         for (int b = 0; b < 4; b++) {
             const uint32_t wv[8] = {v[2 * b].x, v[2 * b].y, v[2 * b].z, v[2 * b].w,
                                     v[2 * b + 1].x, v[2 * b + 1].y, v[2 * b + 1].z, v[2 * b + 1].w};
-            __nv_bfloat162 m2 = bits_bf16x2(wv[0] & 0x7FFF7FFFu);
-#pragma unroll
-            for (int e = 1; e < 8; e++) m2 = __hmax2(m2, bits_bf16x2(wv[e] & 0x7FFF7FFFu));
-            const float vmax = fmaxf(__low2float(m2), __high2float(m2));
-            const float sf = vmax != 0.0f ? __fmul_rn(vmax, gs_div6) : 0.0f;
-            const uint32_t sfbyte = f32_to_e4m3_satfinite(sf);
-            const float sfq = ue4m3_to_f32(sfbyte);
-            const float out_scale = vmax != 0.0f ? fminf(__fdiv_rn(1.0f, __fmul_rn(sfq, rcp_gs)), FLT_MAX) : 0.0f;
-            sfbytes |= sfbyte << (8 * b);
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                uint32_t word = 0;
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const uint32_t w = wv[4 * h + e];
-                    const float x0 = __uint_as_float(w << 16), x1 = __uint_as_float(w & 0xFFFF0000u);
-                    word |= f32_to_e2m1_fast(__fmul_rn(x0, out_scale)) << (8 * e);
-                    word |= f32_to_e2m1_fast(__fmul_rn(x1, out_scale)) << (8 * e + 4);
-                }
-                out[2 * b + h] = word;
-            }
+            sfbytes |= quantize_block16_bf16(wv, gs_div6, rcp_gs, &out[2 * b]) << (8 * b);
         }
         __stcs(codes + j * 2, make_uint4(out[0], out[1], out[2], out[3]));
         __stcs(codes + j * 2 + 1, make_uint4(out[4], out[5], out[6], out[7]));
@@ -1873,6 +2213,41 @@ extern "C" int fp4d_cuda_simt_gemm(const float *a, const float *b, int64_t m, in
  * k each and read whole aligned scale words). */
 static bool decode_kernel_applies(int64_t k, int32_t max_rows) { return max_rows <= 16 && k % 64 == 0; }
 
+/* The weight-streaming kernel takes items of up to 16 rows when K % 256 == 0 (whole phases),
+ * except f16 activations with MXFP4 weights (not exact in f16). FP4DOCTOR_CUDA_WA=0 turns it
+ * off (the decode kernel then takes these items), for A/B timing. */
+static bool wa_kernel_applies(const fp4d_skinny_args *a)
+{
+    const char *env = getenv("FP4DOCTOR_CUDA_WA");
+    if (env && atoi(env) == 0) return false;
+    const bool f16 = a->a_type == FP4D_DTYPE_F16, bnv = a->b_format == FP4D_DTYPE_NVFP4;
+    return a->max_rows <= 16 && a->k % WA_PHASE == 0 && a->k >= WA_PHASE && (bnv || !f16);
+}
+
+/* Phases of 256 k per block that the staged activations of max_rows tokens allow. */
+static int64_t wa_max_phases_per_block(int32_t max_rows)
+{
+    return WA_SMEM_MAX / ((int64_t)(max_rows > 0 ? max_rows : 1) * WA_PHASE * 2);
+}
+
+static int wa_blocks_per_sm(void)
+{
+    static int cached = 0;
+    if (cached == 0) {
+        int b = 0;
+        if (cudaFuncSetAttribute(wa_kernel<AK_BF16, true, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 WA_SMEM_MAX) != cudaSuccess ||
+            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, wa_kernel<AK_BF16, true, 1>, WA_WARPS * 32,
+                                                          WA_SMEM_MAX) != cudaSuccess ||
+            b < 1) {
+            (void)cudaGetLastError();
+            b = 1;
+        }
+        cached = b;
+    }
+    return cached;
+}
+
 extern "C" void fp4d_cuda_skinny_scratch(int64_t n, int32_t num_items, int32_t splits, int32_t max_rows,
                                          size_t *partial_bytes, size_t *counter_count)
 {
@@ -1911,9 +2286,31 @@ static int64_t env_int(const char *name, int64_t fallback)
     return v && atoll(v) > 0 ? atoll(v) : fallback;
 }
 
-extern "C" int32_t fp4d_cuda_skinny_pick_splits(int64_t n, int64_t k, int32_t num_items, int32_t max_rows, int sm_count)
+extern "C" int32_t fp4d_cuda_skinny_pick_splits(const fp4d_skinny_args *args, int sm_count)
 {
+    const int64_t n = args->n, k = args->k;
+    const int32_t num_items = args->num_items, max_rows = args->max_rows;
     const int64_t sms = sm_count > 0 ? sm_count : 132;
+    if (wa_kernel_applies(args)) {
+        /* blocks of 128 rows x (K / splits); run in waves of resident blocks, each costing
+         * its phases plus a start (first loads, staging) worth about two phases */
+        const int64_t tiles = (n + WA_ROWS - 1) / WA_ROWS * num_items, phases = k / WA_PHASE;
+        const int64_t slots = sms * wa_blocks_per_sm();
+        const int64_t min_splits = (phases + wa_max_phases_per_block(max_rows) - 1) / wa_max_phases_per_block(max_rows);
+        const int64_t forced = env_int("FP4DOCTOR_CUDA_WA_SPLITS", 0);
+        int64_t best_s = min_splits;
+        double best = -1.0;
+        for (int64_t s = min_splits; s <= phases && s <= 64; s++) {
+            if (forced && s != forced && forced >= min_splits && forced <= phases) continue;
+            const int64_t pps = (phases + s - 1) / s, waves = (tiles * s + slots - 1) / slots;
+            const double cost = (double)waves * ((double)pps + 2.0) + 0.02 * (double)s;
+            if (best < 0 || cost < best) {
+                best = cost;
+                best_s = s;
+            }
+        }
+        return (int32_t)best_s;
+    }
     if (decode_kernel_applies(k, max_rows)) {
         /* one (FP4DOCTOR_CUDA_DECODE_WAVES) wave of resident blocks, each a contiguous K range */
         const int64_t blocks = (n + DK_BN - 1) / DK_BN * num_items;
@@ -1957,6 +2354,29 @@ static int launch_decode_rows(const fp4d_skinny_args *args, cudaStream_t s)
     return args->max_rows > 8 ? launch_decode<AK, BNV, true>(args, s) : launch_decode<AK, BNV, false>(args, s);
 }
 
+template <int AK, bool BNV, int MT>
+static int launch_wa(const fp4d_skinny_args *args, cudaStream_t s)
+{
+    static bool attr_set = false; /* the staged activations may exceed the 48 KB default */
+    if (!attr_set) {
+        const cudaError_t e = cudaFuncSetAttribute(wa_kernel<AK, BNV, MT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                   WA_SMEM_MAX);
+        if (e != cudaSuccess) return (int)e;
+        attr_set = true;
+    }
+    const int64_t phases = args->k / WA_PHASE, pps = (phases + args->splits - 1) / args->splits;
+    const size_t smem = (size_t)args->max_rows * (size_t)pps * WA_PHASE * 2;
+    if (pps > wa_max_phases_per_block(args->max_rows) || args->splits > phases) return (int)cudaErrorInvalidValue;
+    const dim3 grid((unsigned)((args->n + WA_ROWS - 1) / WA_ROWS), (unsigned)args->splits, (unsigned)args->num_items);
+    wa_kernel<AK, BNV, MT><<<grid, WA_WARPS * 32, smem, s>>>(*args);
+    return (int)cudaGetLastError();
+}
+
+template <int AK, bool BNV> static int launch_wa_rows(const fp4d_skinny_args *args, cudaStream_t s)
+{
+    return args->max_rows > 8 ? launch_wa<AK, BNV, 2>(args, s) : launch_wa<AK, BNV, 1>(args, s);
+}
+
 extern "C" int fp4d_cuda_skinny_gemm(const fp4d_skinny_args *args, void *stream)
 {
     if (args->k % 32 != 0 || args->num_items <= 0 || args->num_items > 65535 || args->splits < 1 ||
@@ -1966,6 +2386,11 @@ extern "C" int fp4d_cuda_skinny_gemm(const fp4d_skinny_args *args, void *stream)
     const bool fp4a = args->a_type == FP4D_DTYPE_NVFP4 || args->a_type == FP4D_DTYPE_MXFP4;
     const int ak = fp4a ? AK_FP4 : args->a_type == FP4D_DTYPE_F16 ? AK_F16 : AK_BF16;
     const bool bnv = args->b_format == FP4D_DTYPE_NVFP4;
+    if (wa_kernel_applies(args)) {
+        if (ak == AK_FP4) return bnv ? launch_wa_rows<AK_FP4, true>(args, s) : launch_wa_rows<AK_FP4, false>(args, s);
+        if (ak == AK_F16) return launch_wa_rows<AK_F16, true>(args, s);
+        return bnv ? launch_wa_rows<AK_BF16, true>(args, s) : launch_wa_rows<AK_BF16, false>(args, s);
+    }
     if (decode_kernel_applies(args->k, args->max_rows) && (bnv || ak != AK_F16)) {
         if (ak == AK_FP4) return bnv ? launch_decode_rows<AK_FP4, true>(args, s) : launch_decode_rows<AK_FP4, false>(args, s);
         if (ak == AK_F16) return launch_decode_rows<AK_F16, true>(args, s);
@@ -2000,9 +2425,19 @@ extern "C" int fp4d_cuda_gemv_applies(int a_type, int b_format, int64_t m, int64
     const bool a_ok = a_type == FP4D_DTYPE_BF16 || a_type == FP4D_DTYPE_F16 || a_type == FP4D_DTYPE_NVFP4 ||
                       a_type == FP4D_DTYPE_MXFP4;
     const bool b_ok = b_format == FP4D_DTYPE_NVFP4 || b_format == FP4D_DTYPE_MXFP4;
-    /* FP4DOCTOR_CUDA_GEMV_MAX_M: largest M it takes (0: off, for A/B timing; at most 4) */
+    /* FP4DOCTOR_CUDA_GEMV_MAX_M: largest M it takes (0: off, for A/B timing; at most 4).
+     * By default it takes M = 1 only where the weight-streaming kernel does not (K % 256
+     * != 0, f16 x MXFP4, or that kernel switched off): it is slower where both apply. */
     const char *env = getenv("FP4DOCTOR_CUDA_GEMV_MAX_M");
     const int64_t max_m = env ? atoll(env) : FP4D_CUDA_GEMV_MAX_M_DEFAULT;
+    if (!env && a_ok && b_ok) {
+        fp4d_skinny_args probe = {};
+        probe.a_type = a_type;
+        probe.b_format = b_format;
+        probe.k = k;
+        probe.max_rows = (int32_t)m;
+        if (wa_kernel_applies(&probe)) return 0;
+    }
     return a_ok && b_ok && m >= 1 && m <= max_m && m <= 4 && k >= 32 && k % 32 == 0;
 }
 
@@ -2114,6 +2549,13 @@ extern "C" int fp4d_cuda_amax(int src_type, const void *src, size_t count, float
     return (int)cudaGetLastError();
 }
 
+/* FP4DOCTOR_CUDA_QUANT_B1=0 keeps bf16 rows of 2048+ columns on the 4-block kernel (A/B timing) */
+static bool quantize_b1_enabled(void)
+{
+    const char *env = getenv("FP4DOCTOR_CUDA_QUANT_B1");
+    return !env || atoi(env) != 0;
+}
+
 extern "C" int fp4d_cuda_quantize_nvfp4(int src_type, const void *src, int64_t rows, int64_t cols, float encode_scale,
                                         int layout, uint8_t *codes, uint8_t *scales, void *stream)
 {
@@ -2123,7 +2565,14 @@ extern "C" int fp4d_cuda_quantize_nvfp4(int src_type, const void *src, int64_t r
     const int grid = grid_for(work, 256);
     if (src_type == FP4D_DTYPE_F32)
         quantize_nvfp4_kernel<float><<<grid, 256, 0, s>>>((const float *)src, rows, cols, encode_scale, layout, codes, scales);
-    else if (src_type == FP4D_DTYPE_BF16 && cols % 64 == 0) {
+    else if (src_type == FP4D_DTYPE_BF16 && cols % 2048 == 0 && quantize_b1_enabled()) {
+        const int64_t warps = work / 128;
+        int64_t blocks = (warps + 7) / 8;
+        const int64_t cap = env_int("FP4DOCTOR_CUDA_QUANT_BLOCKS", 132 * 8 * 8);
+        if (blocks > cap) blocks = cap;
+        quantize_bf16_b1_kernel<<<(unsigned)blocks, 256, 0, s>>>((const uint4 *)src, rows, cols / 16, encode_scale,
+                                                                 layout, (uint2 *)codes, scales);
+    } else if (src_type == FP4D_DTYPE_BF16 && cols % 64 == 0) {
         /* one group of 4 blocks per thread-iteration; up to 8 waves of 256-thread blocks */
         const int64_t groups = work / 4;
         int64_t blocks = (groups + 255) / 256;

@@ -111,8 +111,8 @@ typedef struct fp4d_skinny_args {
 void fp4d_cuda_skinny_scratch(int64_t n, int32_t num_items, int32_t splits, int32_t max_rows,
                               size_t *partial_bytes, size_t *counter_count);
 /* Picks a split-K factor that fills the GPU (sm_count multiprocessors) for the kernel
- * that items of max_rows rows will run. */
-int32_t fp4d_cuda_skinny_pick_splits(int64_t n, int64_t k, int32_t num_items, int32_t max_rows, int sm_count);
+ * that the items will run (args: everything but splits and the scratch pointers). */
+int32_t fp4d_cuda_skinny_pick_splits(const fp4d_skinny_args *args, int sm_count);
 int fp4d_cuda_skinny_gemm(const fp4d_skinny_args *args, void *stream);
 
 /* ---- GEMV for M <= 4 (CUDA cores, f32 accumulation) -----------------------------------
