@@ -694,6 +694,44 @@ __device__ __forceinline__ void dk_load_a_fp4(const fp4d_skinny_args &p, int64_t
     }
 }
 
+/*
+ * Split-K exchange of a block whose warps each hold NT m16n8 accumulators: publishes this
+ * split's sums (elements for which ok(t, e) holds) in the partials of `tile`, and returns
+ * true only in the block that arrives last, whose acc then holds the sums over all splits
+ * added in split order (deterministic); that block re-arms the tile's counter.
+ */
+template <int NT, typename Ok>
+__device__ __forceinline__ bool splitk_last_block(const fp4d_skinny_args &p, int64_t tile, int slots, int warp,
+                                                  int lane, float (&acc)[NT][4], Ok ok)
+{
+    float *base = p.partials + tile * (int64_t)p.splits * slots;
+    float *mine = base + (int64_t)blockIdx.y * slots;
+#pragma unroll
+    for (int t = 0; t < NT; t++)
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            if (ok(t, e)) __stcg(mine + ((warp * NT + t) * 4 + e) * 32 + lane, acc[t][e]);
+    __threadfence();
+    __syncthreads();
+    __shared__ uint32_t prev;
+    if (threadIdx.x == 0) prev = atomicAdd(p.counters + tile, 1u);
+    __syncthreads();
+    if (prev != (uint32_t)p.splits - 1) return false;
+    __threadfence();
+#pragma unroll
+    for (int t = 0; t < NT; t++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            if (!ok(t, e)) continue;
+            float sum = 0.0f;
+            for (int sp = 0; sp < p.splits; sp++)
+                sum += __ldcg(base + (int64_t)sp * slots + ((warp * NT + t) * 4 + e) * 32 + lane);
+            acc[t][e] = sum;
+        }
+    if (threadIdx.x == 0) p.counters[tile] = 0;
+    return true;
+}
+
 template <int AK, bool BNV, bool ROWS16>
 __global__ void __launch_bounds__(DK_WARPS * 32, 3) decode_kernel(const fp4d_skinny_args p)
 {
@@ -832,34 +870,9 @@ __global__ void __launch_bounds__(DK_WARPS * 32, 3) decode_kernel(const fp4d_ski
 
     /* rows of each accumulator element: e < 2 row g, e >= 2 row g + 8 */
     auto row_ok = [&](int e) { return e < 2 ? lo_valid : hi_valid; };
-    if (p.splits > 1) {
-        const int64_t tile = (int64_t)blockIdx.z * gridDim.x + blockIdx.x;
-        float *base = p.partials + tile * (int64_t)p.splits * DK_SLOTS;
-        float *mine = base + (int64_t)blockIdx.y * DK_SLOTS;
-#pragma unroll
-        for (int t = 0; t < DK_NT; t++)
-#pragma unroll
-            for (int e = 0; e < 4; e++)
-                if (row_ok(e)) __stcg(mine + ((warp * DK_NT + t) * 4 + e) * 32 + lane, acc[t][e]);
-        __threadfence();
-        __syncthreads();
-        __shared__ uint32_t dk_prev;
-        if (threadIdx.x == 0) dk_prev = atomicAdd(p.counters + tile, 1u);
-        __syncthreads();
-        if (dk_prev != (uint32_t)p.splits - 1) return;
-        __threadfence();
-#pragma unroll
-        for (int t = 0; t < DK_NT; t++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                if (!row_ok(e)) continue;
-                float sum = 0.0f;
-                for (int sp = 0; sp < p.splits; sp++)
-                    sum += __ldcg(base + (int64_t)sp * DK_SLOTS + ((warp * DK_NT + t) * 4 + e) * 32 + lane);
-                acc[t][e] = sum;
-            }
-        if (threadIdx.x == 0) p.counters[tile] = 0;
-    }
+    if (p.splits > 1 && !splitk_last_block<DK_NT>(p, (int64_t)blockIdx.z * gridDim.x + blockIdx.x, DK_SLOTS, warp, lane,
+                                                   acc, [&](int, int e) { return row_ok(e); }))
+        return;
 
     /* undo the 2^-7 of each folded NVFP4 operand (exact), then alpha: one rounding */
     const float unfold = (BNV ? 128.0f : 1.0f) * (AK == AK_FP4 && p.a_type == FP4D_DTYPE_NVFP4 ? 128.0f : 1.0f);
@@ -1116,34 +1129,9 @@ __global__ void __launch_bounds__(WA_WARPS * 32, WA_MIN_BLOCKS) wa_kernel(const 
         return n < N && mt * 8 + 2 * t + (e & 1) < mp;
     };
     constexpr int SLOTS = WA_WARPS * MT * 4 * 32;
-    if (p.splits > 1) {
-        const int64_t tile = (int64_t)blockIdx.z * gridDim.x + blockIdx.x;
-        float *base = p.partials + tile * (int64_t)p.splits * SLOTS;
-        float *mine = base + (int64_t)blockIdx.y * SLOTS;
-#pragma unroll
-        for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-            for (int e = 0; e < 4; e++)
-                if (ok(mt, e)) __stcg(mine + ((warp * MT + mt) * 4 + e) * 32 + lane, acc[mt][e]);
-        __threadfence();
-        __syncthreads();
-        __shared__ uint32_t wa_prev;
-        if (threadIdx.x == 0) wa_prev = atomicAdd(p.counters + tile, 1u);
-        __syncthreads();
-        if (wa_prev != (uint32_t)p.splits - 1) return;
-        __threadfence();
-#pragma unroll
-        for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                if (!ok(mt, e)) continue;
-                float sum = 0.0f;
-                for (int sp = 0; sp < p.splits; sp++)
-                    sum += __ldcg(base + (int64_t)sp * SLOTS + ((warp * MT + mt) * 4 + e) * 32 + lane);
-                acc[mt][e] = sum;
-            }
-        if (threadIdx.x == 0) p.counters[tile] = 0;
-    }
+    if (p.splits > 1 &&
+        !splitk_last_block<MT>(p, (int64_t)blockIdx.z * gridDim.x + blockIdx.x, SLOTS, warp, lane, acc, ok))
+        return;
 
     /* undo the 2^-7 of each folded NVFP4 operand (exact), then alpha: one rounding */
     const float unfold = (BNV ? 128.0f : 1.0f) * (AK == AK_FP4 && p.a_type == FP4D_DTYPE_NVFP4 ? 128.0f : 1.0f);
