@@ -1464,6 +1464,202 @@ __global__ void __launch_bounds__(FG_THREADS, MINB) fused_kernel(const fused_arg
 }
 
 /* out = RN(alpha * sum over splits of partials), splits summed in order 0, 1, ... */
+/* ---------------------------------------------------------------------------------------
+ * wgmma GEMM (sm_90a, large M): NVFP4 weights dequantized into shared memory per k tile
+ *
+ * out[m, n] = alpha * sum_k A[m, k] W[n, k]. CTA tile 128 (M) x 256 (N) x 64 (K); two
+ * warpgroups, each one m64n256k16 wgmma chain over 64 rows of the M tile, both operands
+ * K-major in shared memory with the 128-byte swizzle (8-row atoms of 1024 bytes). A 4-stage
+ * cp.async ring brings the bf16/f16 activations (already swizzled on the way in), the packed
+ * codes and the scale words; each of the 256 threads then dequantizes one weight row of the
+ * k tile (64 codes: four NVFP4 blocks) into a double-buffered bf16/f16 tile - exactly, by the
+ * folded-scale decode of the other kernels - while the previous k tile's wgmmas run.
+ * Accumulation in f32 by the tensor cores, alpha after the 2^7 unfold, one rounding.
+ * Only compiled for sm_90a (wgmma); elsewhere the fused mma.sync kernel runs.
+ * ------------------------------------------------------------------------------------- */
+
+constexpr int WG_BM = 128, WG_BN = 256, WG_BK = 64, WG_STAGES = 4, WG_THREADS = 256;
+constexpr int WG_A_BYTES = WG_BM * WG_BK * 2;   /* 16 KB */
+constexpr int WG_C_BYTES = WG_BN * WG_BK / 2;   /* 8 KB of codes */
+constexpr int WG_S_BYTES = WG_BN * 4;           /* 1 KB of scale words */
+constexpr int WG_STAGE_BYTES = WG_A_BYTES + WG_C_BYTES + WG_S_BYTES;
+constexpr int WG_B_BYTES = WG_BN * WG_BK * 2;   /* 32 KB dequantized tile */
+constexpr int WG_B_OFFSET = ((WG_STAGES * WG_STAGE_BYTES + 1023) / 1024) * 1024;
+constexpr int WG_LUT_OFFSET = WG_B_OFFSET + 2 * WG_B_BYTES;
+constexpr int WG_SMEM = WG_LUT_OFFSET + 256 * 4 + 1024; /* + 1 KB to align the base to 1024 */
+
+/* wgmma helpers exist only where wgmma does (sm_90a device code) */
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+__device__ __forceinline__ void wgmma_m64n256k16_bf16(float (&d)[128], uint64_t da, uint64_t db)
+{
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 "
+                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, %128, %129, p, 1, 1, 0, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+                 : "l"(da), "l"(db), "r"(1));
+}
+
+__device__ __forceinline__ void wgmma_m64n256k16_f16(float (&d)[128], uint64_t da, uint64_t db)
+{
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16 "
+                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, %128, %129, p, 1, 1, 0, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+                 : "l"(da), "l"(db), "r"(1));
+}
+
+/* K-major, 128-byte-swizzled operand at a 1024-aligned shared address: stride 1024 bytes
+ * between 8-row groups, leading offset unused (1), swizzle mode 1 (128 B) */
+__device__ __forceinline__ uint64_t wg_desc(uint32_t saddr)
+{
+    return (uint64_t)((saddr & 0x3FFFF) >> 4) | ((uint64_t)1 << 16) | ((uint64_t)(1024 >> 4) << 32) | ((uint64_t)1 << 62);
+}
+__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N> __device__ __forceinline__ void wg_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+/* byte offset of 16-byte chunk c (0..7) of row r in a 128-byte-swizzled tile */
+__device__ __forceinline__ uint32_t wg_swz(int r, int c) { return (uint32_t)(r * 128 + ((c ^ (r & 7)) << 4)); }
+#endif
+
+template <bool F16>
+__global__ void __launch_bounds__(WG_THREADS, 1) wg_kernel(const fused_args p)
+{
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    extern __shared__ __align__(16) uint8_t wg_smem_raw[];
+    /* 1024-aligned base for the swizzle atoms */
+    const uint32_t raw_s = (uint32_t)__cvta_generic_to_shared(wg_smem_raw);
+    const uint32_t base_s = (raw_s + 1023u) & ~1023u;
+    uint8_t *base = wg_smem_raw + (base_s - raw_s);
+    uint32_t *lut = (uint32_t *)(base + WG_LUT_OFFSET);
+    const int tid = threadIdx.x, wgi = tid >> 7;
+
+    const int64_t mt_count = (p.m + WG_BM - 1) / WG_BM, nt_count = (p.n + WG_BN - 1) / WG_BN;
+    /* raster: groups of 8 M tiles sweep the N tiles, so concurrent CTAs share A and W in L2 */
+    const int64_t tile = blockIdx.x, gsize_full = 8;
+    const int64_t group = tile / (gsize_full * nt_count), first_m = group * gsize_full;
+    const int64_t gsize = min(gsize_full, mt_count - first_m), in_group = tile - group * gsize_full * nt_count;
+    const int64_t m0 = (first_m + in_group % gsize) * WG_BM, n0 = (in_group / gsize) * WG_BN;
+    const int64_t ktiles = p.k / WG_BK;
+    const int64_t kt0 = (int64_t)blockIdx.y * p.ktiles_per_split;
+    const int nkt = (int)max((int64_t)0, min((int64_t)p.ktiles_per_split, ktiles - kt0));
+    const int64_t C = p.k / 16;
+
+    for (int b = tid; b < 256; b += WG_THREADS) lut[b] = nv_scale_folded1<F16>((uint32_t)b);
+
+    /* loads of k tile kt into stage st: A 128 rows x 8 chunks (4 per thread), codes 256 rows
+     * x 2 chunks (2 per thread), one scale word per weight row */
+    auto issue = [&](int kt, int st) {
+        if (kt >= nkt) return;
+        const int64_t k0 = (kt0 + kt) * WG_BK;
+        const uint32_t sa = base_s + st * WG_STAGE_BYTES, sc = sa + WG_A_BYTES, ss = sc + WG_C_BYTES;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int u = tid + i * WG_THREADS, r = u >> 3, c = u & 7;
+            const bool v = m0 + r < p.m;
+            cp_async_16(sa + wg_swz(r, c), p.a + (v ? (m0 + r) * p.k + k0 + 8 * c : 0), v);
+        }
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            const int u = tid + i * WG_THREADS, r = u >> 1, c = u & 1;
+            const bool v = n0 + r < p.n;
+            cp_async_16(sc + r * 32 + c * 16, p.codes + (v ? (n0 + r) * (p.k / 2) + k0 / 2 + 16 * c : 0), v);
+        }
+        {
+            const int r = tid;
+            const bool v = n0 + r < p.n;
+            const int64_t off = v ? scale_row_off(p.layout, C, n0 + r) + scale_col_off(p.layout, k0 / 16) : 0;
+            cp_async_4(ss + r * 4, p.scales + off, v);
+        }
+    };
+
+    float acc[128];
+#pragma unroll
+    for (int i = 0; i < 128; i++) acc[i] = 0.0f;
+
+#pragma unroll
+    for (int st = 0; st < WG_STAGES - 1; st++) {
+        issue(st, st);
+        cp_async_commit();
+    }
+    __syncthreads(); /* lut */
+
+    for (int kt = 0; kt < nkt; kt++) {
+        const int st = kt % WG_STAGES, bb = kt & 1;
+        cp_async_wait<WG_STAGES - 2>();
+        __syncthreads(); /* every thread's copies of this stage have landed */
+        /* dequantize weight row tid of this k tile into the bf16/f16 tile bb */
+        {
+            const uint8_t *stage = base + st * WG_STAGE_BYTES;
+            const uint4 c0 = *(const uint4 *)(stage + WG_A_BYTES + tid * 32);
+            const uint4 c1 = *(const uint4 *)(stage + WG_A_BYTES + tid * 32 + 16);
+            const uint32_t sw = *(const uint32_t *)(stage + WG_A_BYTES + WG_C_BYTES + tid * 4);
+            const uint32_t words[8] = {c0.x, c0.y, c0.z, c0.w, c1.x, c1.y, c1.z, c1.w};
+            uint8_t *brow = base + WG_B_OFFSET + bb * WG_B_BYTES;
+#pragma unroll
+            for (int q = 0; q < 8; q++) {
+                const uint32_t s2 = lut[(sw >> (8 * (q >> 1))) & 0xFFu];
+                uint32_t pr[4];
+#pragma unroll
+                for (int i = 0; i < 4; i++) pr[i] = mul2<F16>(e2m1_pair_raw<F16>(words[q], i), s2);
+                /* pairs (k, k+4) -> (k, k+1) */
+                const uint4 out = make_uint4(__byte_perm(pr[0], pr[1], 0x5410), __byte_perm(pr[2], pr[3], 0x5410),
+                                             __byte_perm(pr[0], pr[1], 0x7632), __byte_perm(pr[2], pr[3], 0x7632));
+                *(uint4 *)(brow + wg_swz(tid, q)) = out;
+            }
+        }
+        fence_proxy_async();
+        __syncthreads();
+        /* 4 wgmma k16 steps on stage st (A) and tile bb (W) */
+        {
+            const uint32_t sa = base_s + st * WG_STAGE_BYTES + wgi * 64 * 128;
+            const uint32_t sb = base_s + WG_B_OFFSET + bb * WG_B_BYTES;
+            wg_fence();
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                if (F16) wgmma_m64n256k16_f16(acc, wg_desc(sa + 32 * k), wg_desc(sb + 32 * k));
+                else wgmma_m64n256k16_bf16(acc, wg_desc(sa + 32 * k), wg_desc(sb + 32 * k));
+            }
+            wg_commit();
+        }
+        /* the previous k tile's wgmmas are done once at most this one is pending: its A stage
+         * and W tile may be overwritten after every warpgroup got here */
+        wg_wait<1>();
+        __syncthreads();
+        issue(kt + WG_STAGES - 1, (kt + WG_STAGES - 1) % WG_STAGES);
+        cp_async_commit();
+    }
+    wg_wait<0>();
+    cp_async_wait<0>();
+
+    /* accumulator i of thread t: n8 block j = i / 4, row 16 * warp + lane / 4 (+8 for i % 4 >= 2),
+     * column 8j + 2 * (lane % 4) (+1 for odd i) */
+    const int lane = tid & 31, warp_in_wg = (tid >> 5) & 3;
+    const float scale = (p.splits > 1 ? 1.0f : p.alpha) * 128.0f;
+    const bool paired = (p.n & 1) == 0;
+#pragma unroll
+    for (int j = 0; j < 32; j++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int64_t row = m0 + wgi * 64 + warp_in_wg * 16 + (lane >> 2) + 8 * h;
+            const int64_t col = n0 + 8 * j + 2 * (lane & 3);
+            if (row >= p.m || col >= p.n) continue;
+            const float v0 = acc[4 * j + 2 * h] * scale, v1 = acc[4 * j + 2 * h + 1] * scale;
+            const bool both = col + 1 < p.n;
+            if (p.splits > 1) {
+                float *dst = p.partials + ((int64_t)blockIdx.y * p.m + row) * p.n + col;
+                dst[0] = v0;
+                if (both) dst[1] = v1;
+            } else {
+                store_out2(p.out_type, p.out, row * p.n + col, v0, v1, both, paired);
+            }
+        }
+#else
+    (void)p;
+    __trap();
+#endif
+}
+
 __global__ void fused_reduce_kernel(const float *__restrict__ partials, int splits, size_t count, float alpha,
                                     int out_type, void *out)
 {
@@ -2122,16 +2318,39 @@ extern "C" int fp4d_cuda_fused_available(int device)
     return optin >= FG_SMEM;
 }
 
-extern "C" int32_t fp4d_cuda_fused_splits(int64_t m, int64_t n, int64_t k, int sm_count)
+/* The wgmma kernel runs on compute capability 9.0 when its sm_90a code is in the binary;
+ * FP4DOCTOR_CUDA_WGMMA=0 keeps the mma.sync fused kernel (A/B timing). */
+static bool wg_active(void)
 {
-    const int64_t slots = 2 * (sm_count > 0 ? sm_count : 132); /* two resident CTAs per SM */
-    const int64_t tiles = ((m + FG_BM - 1) / FG_BM) * ((n + FG_BN - 1) / FG_BN);
+    const char *env = getenv("FP4DOCTOR_CUDA_WGMMA");
+    if (env && atoi(env) == 0) return false;
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) {
+        (void)cudaGetLastError();
+        return false;
+    }
+    static signed char cached[64]; /* 0 unknown, 1 yes, -1 no */
+    if (cached[dev] == 0) {
+        int major = 0, minor = 0, optin = 0;
+        cudaFuncAttributes attr;
+        bool ok = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+                  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess &&
+                  cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) == cudaSuccess &&
+                  major == 9 && minor == 0 && optin >= WG_SMEM &&
+                  cudaFuncGetAttributes(&attr, wg_kernel<false>) == cudaSuccess && attr.binaryVersion == 90;
+        if (!ok) (void)cudaGetLastError();
+        cached[dev] = ok ? 1 : -1;
+    }
+    return cached[dev] == 1;
+}
+
+/* split count for tiles of tm x tn run `per_sm` at a time per SM (see fp4d_cuda_fused_splits) */
+static int32_t fused_splits_model(int64_t m, int64_t n, int64_t k, int sm_count, int64_t tm, int64_t tn, int64_t per_sm)
+{
+    const int64_t slots = per_sm * (sm_count > 0 ? sm_count : 132);
+    const int64_t tiles = ((m + tm - 1) / tm) * ((n + tn - 1) / tn);
     const int64_t ktiles = k / FG_BK;
-    if (tiles >= slots / 2 || ktiles < 8) return 1;
-    /* time model in k tiles: waves * (k tiles per split), plus half a k tile per split for
-     * writing and reducing its partial sums; at least 4 k tiles (256 k) per split. A wave
-     * cut short costs a whole wave (M=128, N=14336 on 132 SMs: 2 splits = 224 CTAs in one
-     * wave beat 3 splits = 336 CTAs in two) */
+    if (tiles * 2 >= slots || ktiles < 8) return 1;
     int64_t best = 1;
     double best_cost = 1e300;
     for (int64_t sp = 1; sp <= 16 && sp <= ktiles / 4; sp++) {
@@ -2147,6 +2366,16 @@ extern "C" int32_t fp4d_cuda_fused_splits(int64_t m, int64_t n, int64_t k, int s
     return (int32_t)best;
 }
 
+extern "C" int32_t fp4d_cuda_fused_splits(int64_t m, int64_t n, int64_t k, int sm_count)
+{
+    if (wg_active()) return fused_splits_model(m, n, k, sm_count, WG_BM, WG_BN, 1);
+    /* time model in k tiles: waves * (k tiles per split), plus half a k tile per split for
+     * writing and reducing its partial sums; at least 4 k tiles (256 k) per split. A wave
+     * cut short costs a whole wave (M=128, N=14336 on 132 SMs: 2 splits = 224 CTAs in one
+     * wave beat 3 splits = 336 CTAs in two). Two resident mma.sync CTAs per SM. */
+    return fused_splits_model(m, n, k, sm_count, FG_BM, FG_BN, 2);
+}
+
 extern "C" int fp4d_cuda_fused_gemm(int op_type, const void *a, const uint8_t *codes, const uint8_t *scales,
                                     int layout, int64_t m, int64_t n, int64_t k, float alpha, int out_type, void *out,
                                     int32_t splits, float *partials, void *stream)
@@ -2156,6 +2385,22 @@ extern "C" int fp4d_cuda_fused_gemm(int op_type, const void *a, const uint8_t *c
     /* 32-bit activation chunk offsets in the kernel: K < 2^24 */
     if (k % FG_BK != 0 || k >= (1 << 24) || splits < 1 || (splits > 1 && !partials)) return (int)cudaErrorInvalidValue;
     const bool f16 = op_type == FP4D_DTYPE_F16;
+    const int64_t ktiles_all = k / FG_BK;
+    if (wg_active()) {
+        void (*wk)(const fused_args) = f16 ? wg_kernel<true> : wg_kernel<false>;
+        const cudaError_t ae = cudaFuncSetAttribute(wk, cudaFuncAttributeMaxDynamicSharedMemorySize, WG_SMEM);
+        if (ae != cudaSuccess) return (int)ae;
+        fused_args p = {(const uint16_t *)a, codes, scales, layout, m, n, k, alpha, out_type, out,
+                        splits, (int32_t)((ktiles_all + splits - 1) / splits), partials};
+        const int64_t tiles = ((m + WG_BM - 1) / WG_BM) * ((n + WG_BN - 1) / WG_BN);
+        if (tiles > INT32_MAX || splits > 65535) return (int)cudaErrorInvalidConfiguration;
+        wk<<<dim3((unsigned)tiles, (unsigned)splits), WG_THREADS, WG_SMEM, s>>>(p);
+        cudaError_t e = cudaGetLastError();
+        if (e != cudaSuccess || splits == 1) return (int)e;
+        const size_t count = (size_t)m * (size_t)n;
+        fused_reduce_kernel<<<grid_for((int64_t)count, 256), 256, 0, s>>>(partials, splits, count, alpha, out_type, out);
+        return (int)cudaGetLastError();
+    }
     const char *minb_env = getenv("FP4DOCTOR_CUDA_FUSED_MINB");
     const bool one_block = !f16 && minb_env && atoi(minb_env) == 1;
     void (*kernel)(const fused_args) = f16 ? fused_kernel<true, 2> : one_block ? fused_kernel<false, 1> : fused_kernel<false, 2>;
