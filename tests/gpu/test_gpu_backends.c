@@ -371,9 +371,8 @@ static void test_cuda_wa(void **state)
  * dequantized to bf16 first; f32 takes the simt path), all three scale layouts on both
  * sides, every output type and a NaN block scale; K % 64 != 0 and MXFP4 weights must fall
  * back to the other paths and pass as well. */
-static void test_cuda_fused(void **state)
+static void fused_sweep(const char *label)
 {
-    (void)state;
     fp4d_backend_t b = open_or_skip("cuda");
     if (!b) skip();
     static const int64_t shapes[][3] = {
@@ -399,10 +398,26 @@ static void test_cuda_fused(void **state)
                     cases++;
                     if (bad) failures++;
                 }
-    fprintf(stderr, "  cuda fused: %d cases, %d failed\n", cases, failures);
+    fprintf(stderr, "  cuda %s: %d cases, %d failed\n", label, cases, failures);
     assert_true(cases > 0);
     assert_int_equal(failures, 0);
     fp4d_backend_close(b);
+}
+
+static void test_cuda_fused(void **state)
+{
+    (void)state;
+    fused_sweep("fused");
+}
+
+/* The same shapes through the large-M route of sm_90a (weights dequantized once, then the
+ * plain wgmma GEMM), forced down to M = 1 rows; elsewhere the fused path runs again. */
+static void test_cuda_fused_dense(void **state)
+{
+    (void)state;
+    setenv("FP4DOCTOR_CUDA_WG_DENSE_MIN_M", "1", 1);
+    fused_sweep("fused (dense wgmma route)");
+    unsetenv("FP4DOCTOR_CUDA_WG_DENSE_MIN_M");
 }
 
 /* Split-K of the fused kernel (M = 128 over 2 N tiles: 16 K splits) is bit-identical run to run. */
@@ -584,6 +599,7 @@ int main(void)
         cmocka_unit_test(test_cuda_deterministic_split_k),
         cmocka_unit_test(test_cuda_gemv),
         cmocka_unit_test(test_cuda_fused),
+        cmocka_unit_test(test_cuda_fused_dense),
         cmocka_unit_test(test_cuda_fused_deterministic),
         cmocka_unit_test(test_cuda_grouped),
         cmocka_unit_test(test_cuda_wa),

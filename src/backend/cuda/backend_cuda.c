@@ -30,6 +30,9 @@
 
 #define FP4D_CUDA_SKINNY_MAX_M_DEFAULT 256
 #define FP4D_CUDA_FUSED_MIN_M_DEFAULT 32
+/* rows of one expert from which, on sm_90a, the weights are dequantized once into a bf16/f16
+ * copy and the plain wgmma GEMM runs (FP4DOCTOR_CUDA_WG_DENSE_MIN_M; 0 = never) */
+#define FP4D_CUDA_WG_DENSE_MIN_M_DEFAULT 1024
 
 typedef struct cuda_ctx {
     int          device, sm_count, cc;
@@ -37,6 +40,7 @@ typedef struct cuda_ctx {
     cudaStream_t stream;
     int64_t      skinny_max_m;
     int64_t      fused_min_m;            /* 0: fused path off */
+    int64_t      wg_dense_min_m;         /* rows from which sm_90 dequantizes W first (wgmma) */
     fp4d_devbuf  a, a_sc, b, b_sc, out;  /* uploaded operands */
     fp4d_devbuf  wa, wb;                 /* dense working copies */
     fp4d_devbuf  params;                 /* skinny work items, pointer tables, alphas */
@@ -298,6 +302,17 @@ static fp4d_status run_fused(cuda_ctx *c, const dev_gemm *g)
                 fp4d_devbuf_reserve(&c->partials, (size_t)splits * (size_t)(r1 - r0) * (size_t)g->n * sizeof(float), false));
         const void *a_rows = (const uint8_t *)a + (size_t)r0 * (size_t)g->k * esz;
         void *o = (uint8_t *)g->out + (size_t)r0 * (size_t)g->n * osz;
+        if (r1 - r0 >= c->wg_dense_min_m && fp4d_cuda_dense_wgmma_available()) {
+            /* many rows: dequantize the weights once (exact) and run the plain wgmma GEMM,
+             * whose loop then only feeds the tensor cores */
+            FP4D_FORWARD_IF_ERROR(fp4d_devbuf_reserve(&c->wb, (size_t)g->n * (size_t)g->k * esz, false));
+            fp4d_dev_fp4 w = {g->b_codes[e], g->b_scales[e], g->n, g->k, g->b_format, g->b_layout};
+            FP4D_CUDA_TRY(fp4d_cuda_dequantize(&w, d, c->wb.ptr, c->stream), "cuda: dequantize B");
+            FP4D_CUDA_TRY(fp4d_cuda_dense_wgmma(d, a_rows, c->wb.ptr, r1 - r0, g->n, g->k, g->alpha[e], g->out_type, o,
+                                                splits, splits > 1 ? c->partials.ptr : NULL, c->stream),
+                          "cuda: wgmma GEMM");
+            continue;
+        }
         FP4D_CUDA_TRY(fp4d_cuda_fused_gemm(d, a_rows, g->b_codes[e], g->b_scales[e], g->b_layout, r1 - r0, g->n, g->k,
                                            g->alpha[e], g->out_type, o, splits, splits > 1 ? c->partials.ptr : NULL,
                                            c->stream),
@@ -354,6 +369,9 @@ static fp4d_status cuda_init(void *user_data, int device, void **out, fp4d_reaso
     env = getenv("FP4DOCTOR_CUDA_FUSED_MIN_M");
     if (env && atoll(env) >= 0) c->fused_min_m = atoll(env);
     if (!fp4d_cuda_fused_available(c->device)) c->fused_min_m = 0; /* too little shared memory per block */
+    c->wg_dense_min_m = FP4D_CUDA_WG_DENSE_MIN_M_DEFAULT;
+    env = getenv("FP4DOCTOR_CUDA_WG_DENSE_MIN_M");
+    if (env && atoll(env) >= 0) c->wg_dense_min_m = atoll(env) > 0 ? atoll(env) : INT64_MAX;
     *out = c;
     return FP4D_STATUS_OK;
 }

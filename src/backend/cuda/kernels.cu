@@ -1487,6 +1487,10 @@ constexpr int WG_B_BYTES = WG_BN * WG_BK * 2;   /* 32 KB dequantized tile */
 constexpr int WG_B_OFFSET = ((WG_STAGES * WG_STAGE_BYTES + 1023) / 1024) * 1024;
 constexpr int WG_LUT_OFFSET = WG_B_OFFSET + 2 * WG_B_BYTES;
 constexpr int WG_SMEM = WG_LUT_OFFSET + 256 * 4 + 1024; /* + 1 KB to align the base to 1024 */
+/* DENSE variant (weights already dequantized to bf16/f16 in global memory, large M): the
+ * stage holds the A tile and the swizzled W tile, no dequantization in the loop */
+constexpr int WGD_STAGE_BYTES = WG_A_BYTES + WG_B_BYTES; /* 48 KB */
+constexpr int WGD_SMEM = WG_STAGES * WGD_STAGE_BYTES + 1024;
 
 /* wgmma helpers exist only where wgmma does (sm_90a device code) */
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -1522,7 +1526,8 @@ __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.
 __device__ __forceinline__ uint32_t wg_swz(int r, int c) { return (uint32_t)(r * 128 + ((c ^ (r & 7)) << 4)); }
 #endif
 
-template <bool F16>
+/* DENSE: p.codes points at the dequantized [N, K] bf16/f16 weights instead of packed codes */
+template <bool F16, bool DENSE>
 __global__ void __launch_bounds__(WG_THREADS, 1) wg_kernel(const fused_args p)
 {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -1545,27 +1550,37 @@ __global__ void __launch_bounds__(WG_THREADS, 1) wg_kernel(const fused_args p)
     const int nkt = (int)max((int64_t)0, min((int64_t)p.ktiles_per_split, ktiles - kt0));
     const int64_t C = p.k / 16;
 
-    for (int b = tid; b < 256; b += WG_THREADS) lut[b] = nv_scale_folded1<F16>((uint32_t)b);
+    constexpr int STAGE_BYTES = DENSE ? WGD_STAGE_BYTES : WG_STAGE_BYTES;
+    if (!DENSE)
+        for (int b = tid; b < 256; b += WG_THREADS) lut[b] = nv_scale_folded1<F16>((uint32_t)b);
 
     /* loads of k tile kt into stage st: A 128 rows x 8 chunks (4 per thread), codes 256 rows
      * x 2 chunks (2 per thread), one scale word per weight row */
     auto issue = [&](int kt, int st) {
         if (kt >= nkt) return;
         const int64_t k0 = (kt0 + kt) * WG_BK;
-        const uint32_t sa = base_s + st * WG_STAGE_BYTES, sc = sa + WG_A_BYTES, ss = sc + WG_C_BYTES;
+        const uint32_t sa = base_s + st * STAGE_BYTES, sc = sa + WG_A_BYTES, ss = sc + WG_C_BYTES;
 #pragma unroll
         for (int i = 0; i < 4; i++) {
             const int u = tid + i * WG_THREADS, r = u >> 3, c = u & 7;
             const bool v = m0 + r < p.m;
             cp_async_16(sa + wg_swz(r, c), p.a + (v ? (m0 + r) * p.k + k0 + 8 * c : 0), v);
         }
+        if (DENSE) {
+            const uint16_t *w = (const uint16_t *)p.codes;
 #pragma unroll
-        for (int i = 0; i < 2; i++) {
-            const int u = tid + i * WG_THREADS, r = u >> 1, c = u & 1;
-            const bool v = n0 + r < p.n;
-            cp_async_16(sc + r * 32 + c * 16, p.codes + (v ? (n0 + r) * (p.k / 2) + k0 / 2 + 16 * c : 0), v);
-        }
-        {
+            for (int i = 0; i < 8; i++) {
+                const int u = tid + i * WG_THREADS, r = u >> 3, c = u & 7;
+                const bool v = n0 + r < p.n;
+                cp_async_16(sc + wg_swz(r, c), w + (v ? (n0 + r) * p.k + k0 + 8 * c : 0), v);
+            }
+        } else {
+#pragma unroll
+            for (int i = 0; i < 2; i++) {
+                const int u = tid + i * WG_THREADS, r = u >> 1, c = u & 1;
+                const bool v = n0 + r < p.n;
+                cp_async_16(sc + r * 32 + c * 16, p.codes + (v ? (n0 + r) * (p.k / 2) + k0 / 2 + 16 * c : 0), v);
+            }
             const int r = tid;
             const bool v = n0 + r < p.n;
             const int64_t off = v ? scale_row_off(p.layout, C, n0 + r) + scale_col_off(p.layout, k0 / 16) : 0;
@@ -1587,9 +1602,11 @@ __global__ void __launch_bounds__(WG_THREADS, 1) wg_kernel(const fused_args p)
     for (int kt = 0; kt < nkt; kt++) {
         const int st = kt % WG_STAGES, bb = kt & 1;
         cp_async_wait<WG_STAGES - 2>();
-        __syncthreads(); /* every thread's copies of this stage have landed */
+        /* every thread's copies of this stage have landed (the dequantization reads codes
+         * other threads copied; DENSE needs only the barrier before the wgmmas) */
+        if (!DENSE) __syncthreads();
         /* dequantize weight row tid of this k tile into the bf16/f16 tile bb */
-        {
+        if (!DENSE) {
             const uint8_t *stage = base + st * WG_STAGE_BYTES;
             const uint4 c0 = *(const uint4 *)(stage + WG_A_BYTES + tid * 32);
             const uint4 c1 = *(const uint4 *)(stage + WG_A_BYTES + tid * 32 + 16);
@@ -1612,8 +1629,8 @@ __global__ void __launch_bounds__(WG_THREADS, 1) wg_kernel(const fused_args p)
         __syncthreads();
         /* 4 wgmma k16 steps on stage st (A) and tile bb (W) */
         {
-            const uint32_t sa = base_s + st * WG_STAGE_BYTES + wgi * 64 * 128;
-            const uint32_t sb = base_s + WG_B_OFFSET + bb * WG_B_BYTES;
+            const uint32_t sa = base_s + st * STAGE_BYTES + wgi * 64 * 128;
+            const uint32_t sb = DENSE ? base_s + st * STAGE_BYTES + WG_A_BYTES : base_s + WG_B_OFFSET + bb * WG_B_BYTES;
             wg_fence();
 #pragma unroll
             for (int k = 0; k < 4; k++) {
@@ -1635,7 +1652,7 @@ __global__ void __launch_bounds__(WG_THREADS, 1) wg_kernel(const fused_args p)
     /* accumulator i of thread t: n8 block j = i / 4, row 16 * warp + lane / 4 (+8 for i % 4 >= 2),
      * column 8j + 2 * (lane % 4) (+1 for odd i) */
     const int lane = tid & 31, warp_in_wg = (tid >> 5) & 3;
-    const float scale = (p.splits > 1 ? 1.0f : p.alpha) * 128.0f;
+    const float scale = (p.splits > 1 ? 1.0f : p.alpha) * (DENSE ? 1.0f : 128.0f);
     const bool paired = (p.n & 1) == 0;
 #pragma unroll
     for (int j = 0; j < 32; j++)
@@ -2337,7 +2354,7 @@ static bool wg_active(void)
                   cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess &&
                   cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) == cudaSuccess &&
                   major == 9 && minor == 0 && optin >= WG_SMEM &&
-                  cudaFuncGetAttributes(&attr, wg_kernel<false>) == cudaSuccess && attr.binaryVersion == 90;
+                  cudaFuncGetAttributes(&attr, wg_kernel<false, false>) == cudaSuccess && attr.binaryVersion == 90;
         if (!ok) (void)cudaGetLastError();
         cached[dev] = ok ? 1 : -1;
     }
@@ -2376,6 +2393,31 @@ extern "C" int32_t fp4d_cuda_fused_splits(int64_t m, int64_t n, int64_t k, int s
     return fused_splits_model(m, n, k, sm_count, FG_BM, FG_BN, 2);
 }
 
+extern "C" int fp4d_cuda_dense_wgmma_available(void) { return wg_active() ? 1 : 0; }
+
+extern "C" int fp4d_cuda_dense_wgmma(int op_type, const void *a, const void *w, int64_t m, int64_t n, int64_t k,
+                                     float alpha, int out_type, void *out, int32_t splits, float *partials, void *stream)
+{
+    cudaStream_t s = (cudaStream_t)stream;
+    if (m == 0 || n == 0) return cudaSuccess;
+    if (!wg_active() || k % WG_BK != 0 || splits < 1 || (splits > 1 && !partials)) return (int)cudaErrorInvalidValue;
+    const bool f16 = op_type == FP4D_DTYPE_F16;
+    void (*wk)(const fused_args) = f16 ? wg_kernel<true, true> : wg_kernel<false, true>;
+    const cudaError_t ae = cudaFuncSetAttribute(wk, cudaFuncAttributeMaxDynamicSharedMemorySize, WGD_SMEM);
+    if (ae != cudaSuccess) return (int)ae;
+    const int64_t ktiles = k / WG_BK;
+    fused_args p = {(const uint16_t *)a, (const uint8_t *)w, NULL, 0, m, n, k, alpha, out_type, out,
+                    splits, (int32_t)((ktiles + splits - 1) / splits), partials};
+    const int64_t tiles = ((m + WG_BM - 1) / WG_BM) * ((n + WG_BN - 1) / WG_BN);
+    if (tiles > INT32_MAX || splits > 65535) return (int)cudaErrorInvalidConfiguration;
+    wk<<<dim3((unsigned)tiles, (unsigned)splits), WG_THREADS, WGD_SMEM, s>>>(p);
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess || splits == 1) return (int)e;
+    const size_t count = (size_t)m * (size_t)n;
+    fused_reduce_kernel<<<grid_for((int64_t)count, 256), 256, 0, s>>>(partials, splits, count, alpha, out_type, out);
+    return (int)cudaGetLastError();
+}
+
 extern "C" int fp4d_cuda_fused_gemm(int op_type, const void *a, const uint8_t *codes, const uint8_t *scales,
                                     int layout, int64_t m, int64_t n, int64_t k, float alpha, int out_type, void *out,
                                     int32_t splits, float *partials, void *stream)
@@ -2387,7 +2429,7 @@ extern "C" int fp4d_cuda_fused_gemm(int op_type, const void *a, const uint8_t *c
     const bool f16 = op_type == FP4D_DTYPE_F16;
     const int64_t ktiles_all = k / FG_BK;
     if (wg_active()) {
-        void (*wk)(const fused_args) = f16 ? wg_kernel<true> : wg_kernel<false>;
+        void (*wk)(const fused_args) = f16 ? wg_kernel<true, false> : wg_kernel<false, false>;
         const cudaError_t ae = cudaFuncSetAttribute(wk, cudaFuncAttributeMaxDynamicSharedMemorySize, WG_SMEM);
         if (ae != cudaSuccess) return (int)ae;
         fused_args p = {(const uint16_t *)a, codes, scales, layout, m, n, k, alpha, out_type, out,

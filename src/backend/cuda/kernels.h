@@ -66,6 +66,15 @@ int fp4d_cuda_fused_gemm(int op_type, const void *a, const uint8_t *codes, const
                          int64_t m, int64_t n, int64_t k, float alpha, int out_type, void *out, int32_t splits,
                          float *partials, void *stream);
 
+/* ---- wgmma GEMM on dequantized weights (sm_90a, large M) ------------------------------
+ * out[m, n] = alpha * sum_k A[m, k] * W[n, k], A [M, K] and W [N, K] row-major of op_type
+ * (BF16 or F16), K % 64 == 0, 16-byte aligned; splits (from fp4d_cuda_fused_splits) as for
+ * the fused GEMM. Available (non-zero) only on compute capability 9.0 with the sm_90a code
+ * built in and FP4DOCTOR_CUDA_WGMMA not 0; the fused GEMM then runs its wgmma kernel too. */
+int fp4d_cuda_dense_wgmma_available(void);
+int fp4d_cuda_dense_wgmma(int op_type, const void *a, const void *w, int64_t m, int64_t n, int64_t k, float alpha,
+                          int out_type, void *out, int32_t splits, float *partials, void *stream);
+
 /* ---- CUDA-core f32 GEMM (fallback for f32 activations and odd shapes) ---------------- */
 int fp4d_cuda_simt_gemm(const float *a, const float *b, int64_t m, int64_t n, int64_t k,
                         float alpha, int out_type, void *out, void *stream);
