@@ -31,6 +31,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
+#include <cuda.h> /* CUtensorMap (types only: the encoder comes from the runtime's driver entry point) */
+#include <cudaTypedefs.h>
 #include <cuda_runtime.h>
 #include <float.h>
 #include <stdint.h>
@@ -1677,6 +1679,143 @@ __global__ void __launch_bounds__(WG_THREADS, 1) wg_kernel(const fused_args p)
 #endif
 }
 
+/* ---------------------------------------------------------------------------------------
+ * wgmma GEMM on dense weights with TMA and a producer warp (sm_90a, large M)
+ *
+ * Same tile and operand layout as wg_kernel<.., true>, but the two operand tiles of each
+ * stage are brought by the tensor-memory accelerator (one thread issues two box copies that
+ * land already 128-byte-swizzled and complete on the stage's "full" mbarrier), and that
+ * thread lives in a ninth warp of its own: the two consumer warpgroups never stop at a block
+ * barrier, they wait on "full", issue their four wgmmas, and once the previous stage's
+ * wgmmas have retired hand that stage back through its "empty" mbarrier.
+ * ------------------------------------------------------------------------------------- */
+
+constexpr int WGT_THREADS = 288; /* 2 consumer warpgroups + 1 producer warp */
+constexpr int WGT_STAGES = 4;
+constexpr int WGT_SMEM = WGT_STAGES * WGD_STAGE_BYTES + 1024 + 2 * WGT_STAGES * 8;
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+__device__ __forceinline__ void mbar_init(uint32_t bar, int count)
+{
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes)
+{
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar)
+{
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity)
+{
+    asm volatile("{\n.reg .pred p;\nWAIT_%=:\n"
+                 "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+                 "@!p bra WAIT_%=;\n}\n" ::"r"(bar),
+                 "r"(parity)
+                 : "memory");
+}
+__device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap *map, int c0, int c1, uint32_t bar)
+{
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(dst),
+                 "l"((uint64_t)map), "r"(c0), "r"(c1), "r"(bar)
+                 : "memory");
+}
+#endif
+
+template <bool F16>
+__global__ void __launch_bounds__(WGT_THREADS, 1)
+    wgt_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_w, const fused_args p)
+{
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    extern __shared__ __align__(16) uint8_t wgt_smem_raw[];
+    const uint32_t raw_s = (uint32_t)__cvta_generic_to_shared(wgt_smem_raw);
+    const uint32_t base_s = (raw_s + 1023u) & ~1023u;
+    const uint32_t bars = base_s + WGT_STAGES * WGD_STAGE_BYTES; /* full[s], then empty[s] */
+    const int tid = threadIdx.x, warp = tid >> 5;
+
+    const int64_t mt_count = (p.m + WG_BM - 1) / WG_BM, nt_count = (p.n + WG_BN - 1) / WG_BN;
+    const int64_t tile = blockIdx.x, gsize_full = 8;
+    const int64_t group = tile / (gsize_full * nt_count), first_m = group * gsize_full;
+    const int64_t gsize = min(gsize_full, mt_count - first_m), in_group = tile - group * gsize_full * nt_count;
+    const int64_t m0 = (first_m + in_group % gsize) * WG_BM, n0 = (in_group / gsize) * WG_BN;
+    const int64_t ktiles = p.k / WG_BK;
+    const int64_t kt0 = (int64_t)blockIdx.y * p.ktiles_per_split;
+    const int nkt = (int)max((int64_t)0, min((int64_t)p.ktiles_per_split, ktiles - kt0));
+
+    if (tid == 0) {
+        for (int s = 0; s < WGT_STAGES; s++) {
+            mbar_init(bars + 8 * s, 1);                    /* full: the producer's expect_tx */
+            mbar_init(bars + 8 * (WGT_STAGES + s), 2);     /* empty: one arrive per consumer warpgroup */
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+
+    if (warp == 8) {
+        /* producer: one thread issues both box copies of each stage */
+        if ((tid & 31) == 0) {
+            for (int kt = 0; kt < nkt; kt++) {
+                const int s = kt % WGT_STAGES;
+                if (kt >= WGT_STAGES) mbar_wait(bars + 8 * (WGT_STAGES + s), (uint32_t)((kt / WGT_STAGES - 1) & 1));
+                const uint32_t full = bars + 8 * s, sa = base_s + s * WGD_STAGE_BYTES;
+                mbar_expect_tx(full, (uint32_t)WGD_STAGE_BYTES);
+                const int k0 = (int)((kt0 + kt) * WG_BK);
+                tma_load_2d(sa, &map_a, k0, (int)m0, full);
+                tma_load_2d(sa + WG_A_BYTES, &map_w, k0, (int)n0, full);
+            }
+        }
+        return;
+    }
+
+    const int wgi = warp >> 2; /* consumer warpgroup: rows 64 wgi .. of the M tile */
+    float acc[128];
+#pragma unroll
+    for (int i = 0; i < 128; i++) acc[i] = 0.0f;
+    for (int kt = 0; kt < nkt; kt++) {
+        const int s = kt % WGT_STAGES;
+        mbar_wait(bars + 8 * s, (uint32_t)((kt / WGT_STAGES) & 1));
+        const uint32_t sa = base_s + s * WGD_STAGE_BYTES + wgi * 64 * 128, sb = base_s + s * WGD_STAGE_BYTES + WG_A_BYTES;
+        wg_fence();
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            if (F16) wgmma_m64n256k16_f16(acc, wg_desc(sa + 32 * k), wg_desc(sb + 32 * k));
+            else wgmma_m64n256k16_bf16(acc, wg_desc(sa + 32 * k), wg_desc(sb + 32 * k));
+        }
+        wg_commit();
+        wg_wait<1>(); /* the previous stage's wgmmas have retired: hand it back */
+        if (kt > 0 && (tid & 127) == 0) mbar_arrive(bars + 8 * (WGT_STAGES + (kt - 1) % WGT_STAGES));
+    }
+    wg_wait<0>();
+
+    const int lane = tid & 31, warp_in_wg = warp & 3;
+    const float scale = p.splits > 1 ? 1.0f : p.alpha;
+    const bool paired = (p.n & 1) == 0;
+#pragma unroll
+    for (int j = 0; j < 32; j++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int64_t row = m0 + wgi * 64 + warp_in_wg * 16 + (lane >> 2) + 8 * h;
+            const int64_t col = n0 + 8 * j + 2 * (lane & 3);
+            if (row >= p.m || col >= p.n) continue;
+            const float v0 = acc[4 * j + 2 * h] * scale, v1 = acc[4 * j + 2 * h + 1] * scale;
+            const bool both = col + 1 < p.n;
+            if (p.splits > 1) {
+                float *dst = p.partials + ((int64_t)blockIdx.y * p.m + row) * p.n + col;
+                dst[0] = v0;
+                if (both) dst[1] = v1;
+            } else {
+                store_out2(p.out_type, p.out, row * p.n + col, v0, v1, both, paired);
+            }
+        }
+#else
+    (void)map_a;
+    (void)map_w;
+    (void)p;
+    __trap();
+#endif
+}
+
 __global__ void fused_reduce_kernel(const float *__restrict__ partials, int splits, size_t count, float alpha,
                                     int out_type, void *out)
 {
@@ -2395,6 +2534,39 @@ extern "C" int32_t fp4d_cuda_fused_splits(int64_t m, int64_t n, int64_t k, int s
 
 extern "C" int fp4d_cuda_dense_wgmma_available(void) { return wg_active() ? 1 : 0; }
 
+/* The driver's tensor-map encoder, through the runtime (no link against libcuda). */
+static PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder(void)
+{
+    static PFN_cuTensorMapEncodeTiled_v12000 fn = NULL;
+    static bool tried = false;
+    if (!tried) {
+        tried = true;
+        void *ptr = NULL;
+        cudaDriverEntryPointQueryResult q;
+        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &ptr, 12000, cudaEnableDefault, &q) == cudaSuccess &&
+            q == cudaDriverEntryPointSuccess)
+            fn = (PFN_cuTensorMapEncodeTiled_v12000)ptr;
+        else
+            (void)cudaGetLastError();
+    }
+    return fn;
+}
+
+/* 2-D K-major tile map of a [rows, K] bf16/f16 matrix: boxes of 64 k x box_rows rows, 128-byte
+ * swizzle (the layout wg_desc describes), rows past the end read as zeros. */
+static bool encode_kmajor_map(CUtensorMap *map, const void *base, int64_t rows, int64_t k, uint32_t box_rows, bool f16)
+{
+    PFN_cuTensorMapEncodeTiled_v12000 enc = tensor_map_encoder();
+    if (!enc) return false;
+    const cuuint64_t dims[2] = {(cuuint64_t)k, (cuuint64_t)rows};
+    const cuuint64_t strides[1] = {(cuuint64_t)k * 2};
+    const cuuint32_t box[2] = {(cuuint32_t)WG_BK, box_rows};
+    const cuuint32_t estr[2] = {1, 1};
+    return enc(map, f16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, (void *)base, dims,
+               strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+               CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
 extern "C" int fp4d_cuda_dense_wgmma(int op_type, const void *a, const void *w, int64_t m, int64_t n, int64_t k,
                                      float alpha, int out_type, void *out, int32_t splits, float *partials, void *stream)
 {
@@ -2402,15 +2574,27 @@ extern "C" int fp4d_cuda_dense_wgmma(int op_type, const void *a, const void *w, 
     if (m == 0 || n == 0) return cudaSuccess;
     if (!wg_active() || k % WG_BK != 0 || splits < 1 || (splits > 1 && !partials)) return (int)cudaErrorInvalidValue;
     const bool f16 = op_type == FP4D_DTYPE_F16;
-    void (*wk)(const fused_args) = f16 ? wg_kernel<true, true> : wg_kernel<false, true>;
-    const cudaError_t ae = cudaFuncSetAttribute(wk, cudaFuncAttributeMaxDynamicSharedMemorySize, WGD_SMEM);
-    if (ae != cudaSuccess) return (int)ae;
     const int64_t ktiles = k / WG_BK;
     fused_args p = {(const uint16_t *)a, (const uint8_t *)w, NULL, 0, m, n, k, alpha, out_type, out,
                     splits, (int32_t)((ktiles + splits - 1) / splits), partials};
     const int64_t tiles = ((m + WG_BM - 1) / WG_BM) * ((n + WG_BN - 1) / WG_BN);
     if (tiles > INT32_MAX || splits > 65535) return (int)cudaErrorInvalidConfiguration;
-    wk<<<dim3((unsigned)tiles, (unsigned)splits), WG_THREADS, WGD_SMEM, s>>>(p);
+    /* TMA + producer warp when the tensor maps can be made (FP4DOCTOR_CUDA_WG_TMA=0: the
+     * cp.async variant); TMA coordinates are 32-bit */
+    const char *tma_env = getenv("FP4DOCTOR_CUDA_WG_TMA");
+    CUtensorMap map_a, map_w;
+    if ((!tma_env || atoi(tma_env) != 0) && k < INT32_MAX && m < INT32_MAX && n < INT32_MAX &&
+        encode_kmajor_map(&map_a, a, m, k, WG_BM, f16) && encode_kmajor_map(&map_w, w, n, k, WG_BN, f16)) {
+        void (*tk)(const CUtensorMap, const CUtensorMap, const fused_args) = f16 ? wgt_kernel<true> : wgt_kernel<false>;
+        const cudaError_t te = cudaFuncSetAttribute(tk, cudaFuncAttributeMaxDynamicSharedMemorySize, WGT_SMEM);
+        if (te != cudaSuccess) return (int)te;
+        tk<<<dim3((unsigned)tiles, (unsigned)splits), WGT_THREADS, WGT_SMEM, s>>>(map_a, map_w, p);
+    } else {
+        void (*wk)(const fused_args) = f16 ? wg_kernel<true, true> : wg_kernel<false, true>;
+        const cudaError_t ae = cudaFuncSetAttribute(wk, cudaFuncAttributeMaxDynamicSharedMemorySize, WGD_SMEM);
+        if (ae != cudaSuccess) return (int)ae;
+        wk<<<dim3((unsigned)tiles, (unsigned)splits), WG_THREADS, WGD_SMEM, s>>>(p);
+    }
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess || splits == 1) return (int)e;
     const size_t count = (size_t)m * (size_t)n;
