@@ -32,7 +32,7 @@
 #define FP4D_CUDA_FUSED_MIN_M_DEFAULT 32
 /* rows of one expert from which, on sm_90a, the weights are dequantized once into a bf16/f16
  * copy and the plain wgmma GEMM runs (FP4DOCTOR_CUDA_WG_DENSE_MIN_M; 0 = never) */
-#define FP4D_CUDA_WG_DENSE_MIN_M_DEFAULT 1024
+#define FP4D_CUDA_WG_DENSE_MIN_M_DEFAULT 512
 
 typedef struct cuda_ctx {
     int          device, sm_count, cc;

@@ -1734,19 +1734,27 @@ __global__ void __launch_bounds__(WGT_THREADS, 1)
     const uint32_t bars = base_s + WGT_STAGES * WGD_STAGE_BYTES; /* full[s], then empty[s] */
     const int tid = threadIdx.x, warp = tid >> 5;
 
+    /* persistent: CTA b takes work units b, b + grid, ... (unit = tile x split, tiles in the
+     * grouped raster); the stage ring runs on across units, so the producer loads the next
+     * unit's first stages while the consumers write the previous unit's outputs */
     const int64_t mt_count = (p.m + WG_BM - 1) / WG_BM, nt_count = (p.n + WG_BN - 1) / WG_BN;
-    const int64_t tile = blockIdx.x, gsize_full = 8;
-    const int64_t group = tile / (gsize_full * nt_count), first_m = group * gsize_full;
-    const int64_t gsize = min(gsize_full, mt_count - first_m), in_group = tile - group * gsize_full * nt_count;
-    const int64_t m0 = (first_m + in_group % gsize) * WG_BM, n0 = (in_group / gsize) * WG_BN;
+    const int64_t tiles = mt_count * nt_count, units = tiles * p.splits;
     const int64_t ktiles = p.k / WG_BK;
-    const int64_t kt0 = (int64_t)blockIdx.y * p.ktiles_per_split;
-    const int nkt = (int)max((int64_t)0, min((int64_t)p.ktiles_per_split, ktiles - kt0));
+    auto unit_coords = [&](int64_t u, int64_t &m0, int64_t &n0, int64_t &kt0, int &nkt, int &split) {
+        const int64_t tile = u % tiles, gsize_full = 8;
+        split = (int)(u / tiles);
+        const int64_t group = tile / (gsize_full * nt_count), first_m = group * gsize_full;
+        const int64_t gsize = min(gsize_full, mt_count - first_m), in_group = tile - group * gsize_full * nt_count;
+        m0 = (first_m + in_group % gsize) * WG_BM;
+        n0 = (in_group / gsize) * WG_BN;
+        kt0 = (int64_t)split * p.ktiles_per_split;
+        nkt = (int)max((int64_t)0, min((int64_t)p.ktiles_per_split, ktiles - kt0));
+    };
 
     if (tid == 0) {
         for (int s = 0; s < WGT_STAGES; s++) {
-            mbar_init(bars + 8 * s, 1);                    /* full: the producer's expect_tx */
-            mbar_init(bars + 8 * (WGT_STAGES + s), 2);     /* empty: one arrive per consumer warpgroup */
+            mbar_init(bars + 8 * s, 1);                /* full: the producer's expect_tx */
+            mbar_init(bars + 8 * (WGT_STAGES + s), 2); /* empty: one arrive per consumer warpgroup */
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
@@ -1755,59 +1763,72 @@ __global__ void __launch_bounds__(WGT_THREADS, 1)
     if (warp == 8) {
         /* producer: one thread issues both box copies of each stage */
         if ((tid & 31) == 0) {
-            for (int kt = 0; kt < nkt; kt++) {
-                const int s = kt % WGT_STAGES;
-                if (kt >= WGT_STAGES) mbar_wait(bars + 8 * (WGT_STAGES + s), (uint32_t)((kt / WGT_STAGES - 1) & 1));
-                const uint32_t full = bars + 8 * s, sa = base_s + s * WGD_STAGE_BYTES;
-                mbar_expect_tx(full, (uint32_t)WGD_STAGE_BYTES);
-                const int k0 = (int)((kt0 + kt) * WG_BK);
-                tma_load_2d(sa, &map_a, k0, (int)m0, full);
-                tma_load_2d(sa + WG_A_BYTES, &map_w, k0, (int)n0, full);
+            uint32_t g = 0; /* stages issued so far (ring position and phase) */
+            for (int64_t u = blockIdx.x; u < units; u += gridDim.x) {
+                int64_t m0, n0, kt0;
+                int nkt, split;
+                unit_coords(u, m0, n0, kt0, nkt, split);
+                for (int kt = 0; kt < nkt; kt++, g++) {
+                    const uint32_t s = g % WGT_STAGES;
+                    if (g >= WGT_STAGES) mbar_wait(bars + 8 * (WGT_STAGES + s), (g / WGT_STAGES - 1) & 1);
+                    const uint32_t full = bars + 8 * s, sa = base_s + s * WGD_STAGE_BYTES;
+                    mbar_expect_tx(full, (uint32_t)WGD_STAGE_BYTES);
+                    const int k0 = (int)((kt0 + kt) * WG_BK);
+                    tma_load_2d(sa, &map_a, k0, (int)m0, full);
+                    tma_load_2d(sa + WG_A_BYTES, &map_w, k0, (int)n0, full);
+                }
             }
         }
         return;
     }
 
     const int wgi = warp >> 2; /* consumer warpgroup: rows 64 wgi .. of the M tile */
-    float acc[128];
-#pragma unroll
-    for (int i = 0; i < 128; i++) acc[i] = 0.0f;
-    for (int kt = 0; kt < nkt; kt++) {
-        const int s = kt % WGT_STAGES;
-        mbar_wait(bars + 8 * s, (uint32_t)((kt / WGT_STAGES) & 1));
-        const uint32_t sa = base_s + s * WGD_STAGE_BYTES + wgi * 64 * 128, sb = base_s + s * WGD_STAGE_BYTES + WG_A_BYTES;
-        wg_fence();
-#pragma unroll
-        for (int k = 0; k < 4; k++) {
-            if (F16) wgmma_m64n256k16_f16(acc, wg_desc(sa + 32 * k), wg_desc(sb + 32 * k));
-            else wgmma_m64n256k16_bf16(acc, wg_desc(sa + 32 * k), wg_desc(sb + 32 * k));
-        }
-        wg_commit();
-        wg_wait<1>(); /* the previous stage's wgmmas have retired: hand it back */
-        if (kt > 0 && (tid & 127) == 0) mbar_arrive(bars + 8 * (WGT_STAGES + (kt - 1) % WGT_STAGES));
-    }
-    wg_wait<0>();
-
     const int lane = tid & 31, warp_in_wg = warp & 3;
     const float scale = p.splits > 1 ? 1.0f : p.alpha;
     const bool paired = (p.n & 1) == 0;
+    uint32_t g = 0; /* stages consumed so far */
+    for (int64_t u = blockIdx.x; u < units; u += gridDim.x) {
+        int64_t m0, n0, kt0;
+        int nkt, split;
+        unit_coords(u, m0, n0, kt0, nkt, split);
+        float acc[128];
 #pragma unroll
-    for (int j = 0; j < 32; j++)
+        for (int i = 0; i < 128; i++) acc[i] = 0.0f;
+        for (int kt = 0; kt < nkt; kt++, g++) {
+            const uint32_t s = g % WGT_STAGES;
+            mbar_wait(bars + 8 * s, (g / WGT_STAGES) & 1);
+            const uint32_t sa = base_s + s * WGD_STAGE_BYTES + wgi * 64 * 128, sb = base_s + s * WGD_STAGE_BYTES + WG_A_BYTES;
+            wg_fence();
 #pragma unroll
-        for (int h = 0; h < 2; h++) {
-            const int64_t row = m0 + wgi * 64 + warp_in_wg * 16 + (lane >> 2) + 8 * h;
-            const int64_t col = n0 + 8 * j + 2 * (lane & 3);
-            if (row >= p.m || col >= p.n) continue;
-            const float v0 = acc[4 * j + 2 * h] * scale, v1 = acc[4 * j + 2 * h + 1] * scale;
-            const bool both = col + 1 < p.n;
-            if (p.splits > 1) {
-                float *dst = p.partials + ((int64_t)blockIdx.y * p.m + row) * p.n + col;
-                dst[0] = v0;
-                if (both) dst[1] = v1;
-            } else {
-                store_out2(p.out_type, p.out, row * p.n + col, v0, v1, both, paired);
+            for (int k = 0; k < 4; k++) {
+                if (F16) wgmma_m64n256k16_f16(acc, wg_desc(sa + 32 * k), wg_desc(sb + 32 * k));
+                else wgmma_m64n256k16_bf16(acc, wg_desc(sa + 32 * k), wg_desc(sb + 32 * k));
             }
+            wg_commit();
+            wg_wait<1>(); /* the previous stage's wgmmas have retired: hand it back */
+            if (kt > 0 && (tid & 127) == 0) mbar_arrive(bars + 8 * (WGT_STAGES + (g - 1) % WGT_STAGES));
         }
+        wg_wait<0>();
+        if (nkt > 0 && (tid & 127) == 0) mbar_arrive(bars + 8 * (WGT_STAGES + (g - 1) % WGT_STAGES));
+
+#pragma unroll
+        for (int j = 0; j < 32; j++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const int64_t row = m0 + wgi * 64 + warp_in_wg * 16 + (lane >> 2) + 8 * h;
+                const int64_t col = n0 + 8 * j + 2 * (lane & 3);
+                if (row >= p.m || col >= p.n) continue;
+                const float v0 = acc[4 * j + 2 * h] * scale, v1 = acc[4 * j + 2 * h + 1] * scale;
+                const bool both = col + 1 < p.n;
+                if (p.splits > 1) {
+                    float *dst = p.partials + ((int64_t)split * p.m + row) * p.n + col;
+                    dst[0] = v0;
+                    if (both) dst[1] = v1;
+                } else {
+                    store_out2(p.out_type, p.out, row * p.n + col, v0, v1, both, paired);
+                }
+            }
+    }
 #else
     (void)map_a;
     (void)map_w;
@@ -2588,7 +2609,15 @@ extern "C" int fp4d_cuda_dense_wgmma(int op_type, const void *a, const void *w, 
         void (*tk)(const CUtensorMap, const CUtensorMap, const fused_args) = f16 ? wgt_kernel<true> : wgt_kernel<false>;
         const cudaError_t te = cudaFuncSetAttribute(tk, cudaFuncAttributeMaxDynamicSharedMemorySize, WGT_SMEM);
         if (te != cudaSuccess) return (int)te;
-        tk<<<dim3((unsigned)tiles, (unsigned)splits), WGT_THREADS, WGT_SMEM, s>>>(map_a, map_w, p);
+        int dev = 0, sms = 0;
+        if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+            return (int)cudaGetLastError();
+        /* one CTA per SM walking the units, or (FP4DOCTOR_CUDA_WG_PERSISTENT=0) one CTA per unit */
+        const int64_t units = tiles * splits;
+        const char *pers_env = getenv("FP4DOCTOR_CUDA_WG_PERSISTENT");
+        const int64_t grid = pers_env && atoi(pers_env) == 0 ? units : (units < sms ? units : sms);
+        if (grid > INT32_MAX) return (int)cudaErrorInvalidConfiguration;
+        tk<<<(unsigned)grid, WGT_THREADS, WGT_SMEM, s>>>(map_a, map_w, p);
     } else {
         void (*wk)(const fused_args) = f16 ? wg_kernel<true, true> : wg_kernel<false, true>;
         const cudaError_t ae = cudaFuncSetAttribute(wk, cudaFuncAttributeMaxDynamicSharedMemorySize, WGD_SMEM);
