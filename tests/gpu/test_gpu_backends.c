@@ -289,29 +289,24 @@ static void test_cuda_deterministic_split_k(void **state)
     fp4d_backend_close(b);
 }
 
-/* The M <= 4 GEMV kernel: M = 1..4, K % 32 == 0 but not % 64, K ranges split across
- * blocks with a short last range, odd N (row groups of 4 cut short), every activation
- * type, both scale layouts on both sides, every output type, a NaN block scale, and the
- * decode shapes' N x K at small sizes. */
-static void test_cuda_gemv(void **state)
+/* Small-M sweep on the cuda backend with FP4DOCTOR_CUDA_GEMV_MAX_M set to gemv_max_m: every
+ * activation type x weight format per shape, scale layouts and output types rotated, a NaN
+ * block scale in the last or the middle weight row of some cases. */
+static void small_m_sweep(const char *label, const int64_t (*shapes)[3], size_t count, const char *gemv_max_m)
 {
-    (void)state;
     fp4d_backend_t b = open_or_skip("cuda");
     if (!b) skip();
-    static const int64_t shapes[][3] = {
-        {1, 1, 32}, {1, 7, 96}, {2, 129, 1056}, {3, 517, 3104}, {4, 33, 3104}, {4, 260, 6176},
-        {1, 300, 12320}, {2, 5, 32}, {3, 64, 2080}, {4, 1031, 160}, {1, 96, 4096},
-    };
-    setenv("FP4DOCTOR_CUDA_GEMV_MAX_M", "4", 1); /* M = 2..4 too, and M = 1 at any K */
+    setenv("FP4DOCTOR_CUDA_GEMV_MAX_M", gemv_max_m, 1);
     const bool quick = getenv("FP4D_GPU_TEST_QUICK") != NULL;
     int cases = 0, failures = 0;
-    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
+    for (size_t si = 0; si < count; si++)
         for (size_t ai = 0; ai < sizeof a_types / sizeof a_types[0]; ai++)
             for (size_t bi = 0; bi < 2; bi++) {
                 if (quick && (si + ai + bi) % 3) continue;
                 const fp4d_dtype at = a_types[ai], bt = b_types[bi];
-                const fp4d_scale_layout al = layouts[(si + bi) % 3], bl = layouts[(si + ai) % 3];
-                nan_scale_row = (si + ai) % 4 == 0 ? shapes[si][1] / 2 : -1;
+                const fp4d_scale_layout al = layouts[(si + bi) % 3], bl = layouts[(si + ai + bi) % 3];
+                const size_t pick = (si + ai) % 4;
+                nan_scale_row = pick == 0 ? shapes[si][1] - 1 : pick == 2 ? shapes[si][1] / 2 : -1;
                 const int bad = run_case(b, at, bt, al, bl, out_types[(si + ai + bi) % 3], shapes[si][0], shapes[si][1],
                                          shapes[si][2]);
                 nan_scale_row = -1;
@@ -320,10 +315,25 @@ static void test_cuda_gemv(void **state)
                 if (bad) failures++;
             }
     unsetenv("FP4DOCTOR_CUDA_GEMV_MAX_M");
-    fprintf(stderr, "  cuda gemv: %d cases, %d failed\n", cases, failures);
+    fprintf(stderr, "  cuda %s: %d cases, %d failed\n", label, cases, failures);
     assert_true(cases > 0);
     assert_int_equal(failures, 0);
     fp4d_backend_close(b);
+}
+
+/* The M <= 4 GEMV kernel: M = 1..4, K % 32 == 0 but not % 64, K ranges split across
+ * blocks with a short last range, odd N (row groups of 4 cut short), every activation
+ * type, both scale layouts on both sides, every output type, a NaN block scale, and the
+ * decode shapes' N x K at small sizes. */
+static void test_cuda_gemv(void **state)
+{
+    (void)state;
+    static const int64_t shapes[][3] = {
+        {1, 1, 32}, {1, 7, 96}, {2, 129, 1056}, {3, 517, 3104}, {4, 33, 3104}, {4, 260, 6176},
+        {1, 300, 12320}, {2, 5, 32}, {3, 64, 2080}, {4, 1031, 160}, {1, 96, 4096},
+    };
+    /* M = 2..4 too, and M = 1 at any K */
+    small_m_sweep("gemv", shapes, sizeof shapes / sizeof shapes[0], "4");
 }
 
 /* The weight-streaming kernel (items of <= 16 rows, K % 256 == 0), with the GEMV kernel off
@@ -334,34 +344,11 @@ static void test_cuda_gemv(void **state)
 static void test_cuda_wa(void **state)
 {
     (void)state;
-    fp4d_backend_t b = open_or_skip("cuda");
-    if (!b) skip();
     static const int64_t shapes[][3] = {
         {1, 40, 256}, {1, 300, 4096}, {2, 128, 512}, {5, 129, 1536}, {8, 16, 7168},
         {9, 200, 1024}, {12, 33, 256}, {16, 1000, 2304}, {16, 257, 8192}, {3, 7, 768},
     };
-    setenv("FP4DOCTOR_CUDA_GEMV_MAX_M", "0", 1);
-    const bool quick = getenv("FP4D_GPU_TEST_QUICK") != NULL;
-    int cases = 0, failures = 0;
-    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
-        for (size_t ai = 0; ai < sizeof a_types / sizeof a_types[0]; ai++)
-            for (size_t bi = 0; bi < 2; bi++) {
-                if (quick && (si + ai + bi) % 3) continue;
-                const fp4d_dtype at = a_types[ai], bt = b_types[bi];
-                const fp4d_scale_layout al = layouts[(si + bi) % 3], bl = layouts[(si + ai + bi) % 3];
-                nan_scale_row = (si + ai) % 3 == 0 ? shapes[si][1] - 1 : -1;
-                const int bad = run_case(b, at, bt, al, bl, out_types[(si + ai) % 3], shapes[si][0], shapes[si][1],
-                                         shapes[si][2]);
-                nan_scale_row = -1;
-                if (bad < 0) continue;
-                cases++;
-                if (bad) failures++;
-            }
-    unsetenv("FP4DOCTOR_CUDA_GEMV_MAX_M");
-    fprintf(stderr, "  cuda wa: %d cases, %d failed\n", cases, failures);
-    assert_true(cases > 0);
-    assert_int_equal(failures, 0);
-    fp4d_backend_close(b);
+    small_m_sweep("wa", shapes, sizeof shapes / sizeof shapes[0], "0");
 }
 
 /* The fused large-M kernel (NVFP4 weights, K % 64 == 0, M >= 32 by default): M = 32, 100,

@@ -1526,6 +1526,44 @@ template <int N> __device__ __forceinline__ void wg_wait() { asm volatile("wgmma
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 /* byte offset of 16-byte chunk c (0..7) of row r in a 128-byte-swizzled tile */
 __device__ __forceinline__ uint32_t wg_swz(int r, int c) { return (uint32_t)(r * 128 + ((c ^ (r & 7)) << 4)); }
+
+/* Origin of CTA tile `tile` in the grouped raster: groups of 8 M tiles sweep the N tiles, so
+ * the CTAs that run together share their activation and weight tiles in L2. */
+__device__ __forceinline__ void wg_tile_origin(int64_t tile, int64_t mt_count, int64_t nt_count, int64_t &m0, int64_t &n0)
+{
+    const int64_t gsize_full = 8, group = tile / (gsize_full * nt_count), first_m = group * gsize_full;
+    const int64_t gsize = min(gsize_full, mt_count - first_m), in_group = tile - group * gsize_full * nt_count;
+    m0 = (first_m + in_group % gsize) * WG_BM;
+    n0 = (in_group / gsize) * WG_BN;
+}
+
+/* Stores one warpgroup's m64n256 accumulators (rows row0.., columns n0..) times `scale`:
+ * accumulator i of thread t belongs to n8 block i / 4, row 16 * warp + lane / 4 (+8 when
+ * i % 4 >= 2), column 8 (i / 4) + 2 (lane % 4) (+1 for odd i). Split-K partials go to slice
+ * `split` of p.partials unscaled by alpha (the reduction applies it). */
+__device__ __forceinline__ void wg_store_acc(const fused_args &p, const float (&acc)[128], int64_t row0, int64_t n0,
+                                             int64_t split, float scale)
+{
+    const int lane = threadIdx.x & 31, warp_in_wg = (threadIdx.x >> 5) & 3;
+    const bool paired = (p.n & 1) == 0;
+#pragma unroll
+    for (int j = 0; j < 32; j++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int64_t row = row0 + warp_in_wg * 16 + (lane >> 2) + 8 * h;
+            const int64_t col = n0 + 8 * j + 2 * (lane & 3);
+            if (row >= p.m || col >= p.n) continue;
+            const float v0 = acc[4 * j + 2 * h] * scale, v1 = acc[4 * j + 2 * h + 1] * scale;
+            const bool both = col + 1 < p.n;
+            if (p.splits > 1) {
+                float *dst = p.partials + (split * p.m + row) * p.n + col;
+                dst[0] = v0;
+                if (both) dst[1] = v1;
+            } else {
+                store_out2(p.out_type, p.out, row * p.n + col, v0, v1, both, paired);
+            }
+        }
+}
 #endif
 
 /* DENSE: p.codes points at the dequantized [N, K] bf16/f16 weights instead of packed codes */
@@ -1541,12 +1579,8 @@ __global__ void __launch_bounds__(WG_THREADS, 1) wg_kernel(const fused_args p)
     uint32_t *lut = (uint32_t *)(base + WG_LUT_OFFSET);
     const int tid = threadIdx.x, wgi = tid >> 7;
 
-    const int64_t mt_count = (p.m + WG_BM - 1) / WG_BM, nt_count = (p.n + WG_BN - 1) / WG_BN;
-    /* raster: groups of 8 M tiles sweep the N tiles, so concurrent CTAs share A and W in L2 */
-    const int64_t tile = blockIdx.x, gsize_full = 8;
-    const int64_t group = tile / (gsize_full * nt_count), first_m = group * gsize_full;
-    const int64_t gsize = min(gsize_full, mt_count - first_m), in_group = tile - group * gsize_full * nt_count;
-    const int64_t m0 = (first_m + in_group % gsize) * WG_BM, n0 = (in_group / gsize) * WG_BN;
+    int64_t m0, n0;
+    wg_tile_origin(blockIdx.x, (p.m + WG_BM - 1) / WG_BM, (p.n + WG_BN - 1) / WG_BN, m0, n0);
     const int64_t ktiles = p.k / WG_BK;
     const int64_t kt0 = (int64_t)blockIdx.y * p.ktiles_per_split;
     const int nkt = (int)max((int64_t)0, min((int64_t)p.ktiles_per_split, ktiles - kt0));
@@ -1651,28 +1685,7 @@ __global__ void __launch_bounds__(WG_THREADS, 1) wg_kernel(const fused_args p)
     wg_wait<0>();
     cp_async_wait<0>();
 
-    /* accumulator i of thread t: n8 block j = i / 4, row 16 * warp + lane / 4 (+8 for i % 4 >= 2),
-     * column 8j + 2 * (lane % 4) (+1 for odd i) */
-    const int lane = tid & 31, warp_in_wg = (tid >> 5) & 3;
-    const float scale = (p.splits > 1 ? 1.0f : p.alpha) * (DENSE ? 1.0f : 128.0f);
-    const bool paired = (p.n & 1) == 0;
-#pragma unroll
-    for (int j = 0; j < 32; j++)
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            const int64_t row = m0 + wgi * 64 + warp_in_wg * 16 + (lane >> 2) + 8 * h;
-            const int64_t col = n0 + 8 * j + 2 * (lane & 3);
-            if (row >= p.m || col >= p.n) continue;
-            const float v0 = acc[4 * j + 2 * h] * scale, v1 = acc[4 * j + 2 * h + 1] * scale;
-            const bool both = col + 1 < p.n;
-            if (p.splits > 1) {
-                float *dst = p.partials + ((int64_t)blockIdx.y * p.m + row) * p.n + col;
-                dst[0] = v0;
-                if (both) dst[1] = v1;
-            } else {
-                store_out2(p.out_type, p.out, row * p.n + col, v0, v1, both, paired);
-            }
-        }
+    wg_store_acc(p, acc, m0 + wgi * 64, n0, blockIdx.y, (p.splits > 1 ? 1.0f : p.alpha) * (DENSE ? 1.0f : 128.0f));
 #else
     (void)p;
     __trap();
@@ -1741,12 +1754,8 @@ __global__ void __launch_bounds__(WGT_THREADS, 1)
     const int64_t tiles = mt_count * nt_count, units = tiles * p.splits;
     const int64_t ktiles = p.k / WG_BK;
     auto unit_coords = [&](int64_t u, int64_t &m0, int64_t &n0, int64_t &kt0, int &nkt, int &split) {
-        const int64_t tile = u % tiles, gsize_full = 8;
         split = (int)(u / tiles);
-        const int64_t group = tile / (gsize_full * nt_count), first_m = group * gsize_full;
-        const int64_t gsize = min(gsize_full, mt_count - first_m), in_group = tile - group * gsize_full * nt_count;
-        m0 = (first_m + in_group % gsize) * WG_BM;
-        n0 = (in_group / gsize) * WG_BN;
+        wg_tile_origin(u % tiles, mt_count, nt_count, m0, n0);
         kt0 = (int64_t)split * p.ktiles_per_split;
         nkt = (int)max((int64_t)0, min((int64_t)p.ktiles_per_split, ktiles - kt0));
     };
@@ -1783,9 +1792,6 @@ __global__ void __launch_bounds__(WGT_THREADS, 1)
     }
 
     const int wgi = warp >> 2; /* consumer warpgroup: rows 64 wgi .. of the M tile */
-    const int lane = tid & 31, warp_in_wg = warp & 3;
-    const float scale = p.splits > 1 ? 1.0f : p.alpha;
-    const bool paired = (p.n & 1) == 0;
     uint32_t g = 0; /* stages consumed so far */
     for (int64_t u = blockIdx.x; u < units; u += gridDim.x) {
         int64_t m0, n0, kt0;
@@ -1810,24 +1816,7 @@ __global__ void __launch_bounds__(WGT_THREADS, 1)
         }
         wg_wait<0>();
         if (nkt > 0 && (tid & 127) == 0) mbar_arrive(bars + 8 * (WGT_STAGES + (g - 1) % WGT_STAGES));
-
-#pragma unroll
-        for (int j = 0; j < 32; j++)
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                const int64_t row = m0 + wgi * 64 + warp_in_wg * 16 + (lane >> 2) + 8 * h;
-                const int64_t col = n0 + 8 * j + 2 * (lane & 3);
-                if (row >= p.m || col >= p.n) continue;
-                const float v0 = acc[4 * j + 2 * h] * scale, v1 = acc[4 * j + 2 * h + 1] * scale;
-                const bool both = col + 1 < p.n;
-                if (p.splits > 1) {
-                    float *dst = p.partials + ((int64_t)split * p.m + row) * p.n + col;
-                    dst[0] = v0;
-                    if (both) dst[1] = v1;
-                } else {
-                    store_out2(p.out_type, p.out, row * p.n + col, v0, v1, both, paired);
-                }
-            }
+        wg_store_acc(p, acc, m0 + wgi * 64, n0, split, p.splits > 1 ? 1.0f : p.alpha);
     }
 #else
     (void)map_a;
