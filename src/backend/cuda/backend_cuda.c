@@ -302,10 +302,11 @@ static fp4d_status run_fused(cuda_ctx *c, const dev_gemm *g)
                 fp4d_devbuf_reserve(&c->partials, (size_t)splits * (size_t)(r1 - r0) * (size_t)g->n * sizeof(float), false));
         const void *a_rows = (const uint8_t *)a + (size_t)r0 * (size_t)g->k * esz;
         void *o = (uint8_t *)g->out + (size_t)r0 * (size_t)g->n * osz;
-        if (r1 - r0 >= c->wg_dense_min_m && fp4d_cuda_dense_wgmma_available()) {
-            /* many rows: dequantize the weights once (exact) and run the plain wgmma GEMM,
-             * whose loop then only feeds the tensor cores */
-            FP4D_FORWARD_IF_ERROR(fp4d_devbuf_reserve(&c->wb, (size_t)g->n * (size_t)g->k * esz, false));
+        /* many rows: dequantize the weights once (exact) and run the plain wgmma GEMM, whose
+         * loop then only feeds the tensor cores; without room for the dense copy the
+         * packed-weight kernel below runs instead */
+        if (r1 - r0 >= c->wg_dense_min_m && fp4d_cuda_dense_wgmma_available() &&
+            fp4d_devbuf_reserve(&c->wb, (size_t)g->n * (size_t)g->k * esz, false) == FP4D_STATUS_OK) {
             fp4d_dev_fp4 w = {g->b_codes[e], g->b_scales[e], g->n, g->k, g->b_format, g->b_layout};
             FP4D_CUDA_TRY(fp4d_cuda_dequantize(&w, d, c->wb.ptr, c->stream), "cuda: dequantize B");
             FP4D_CUDA_TRY(fp4d_cuda_dense_wgmma(d, a_rows, c->wb.ptr, r1 - r0, g->n, g->k, g->alpha[e], g->out_type, o,
