@@ -2,16 +2,19 @@
  * backend_cuda.c - the `cuda` backend: fp4doctor's own kernels (kernels.cu).
  *
  * Paths, chosen per problem:
- *  - gemv: one weight matrix, M = 1 (up to 4 with FP4DOCTOR_CUDA_GEMV_MAX_M), K % 32 == 0,
- *    activations bf16, f16 or FP4: CUDA-core kernel that streams the packed weights with
- *    exact f32 products and f32 sums (decode shapes);
+ *  - gemv: one weight matrix, M = 1 where the skinny path's stream kernel does not apply
+ *    (up to M = 4 and any K with FP4DOCTOR_CUDA_GEMV_MAX_M), K % 32 == 0, activations bf16,
+ *    f16 or FP4: CUDA-core kernel that streams the packed weights with exact f32 products;
  *  - skinny: M (or an expert's rows) small and K % 32 == 0, activations bf16, f16 (with
  *    NVFP4 weights) or FP4: packed weights streamed once through tensor cores (memory-bound
- *    decode shapes and the grouped MoE GEMM);
+ *    decode shapes and the grouped MoE GEMM; items of <= 16 rows with K % 256 == 0 take the
+ *    weight-streaming kernel, see kernels.cu);
  *  - fused: NVFP4 weights, K % 64 == 0, activations bf16/f16 (FP4 activations dequantized
  *    to bf16 first), M >= FP4DOCTOR_CUDA_FUSED_MIN_M (default 32; 0 turns it off) for a
  *    plain GEMM, or experts of more than the skinny limit's rows: tensor-core GEMM that
- *    dequantizes the packed weights in registers (no dense weight copy);
+ *    dequantizes the packed weights on chip (no dense weight copy); on sm_90a a wgmma kernel,
+ *    and from FP4DOCTOR_CUDA_WG_DENSE_MIN_M rows (default 512) the weights are dequantized
+ *    once into a dense copy for a TMA-fed wgmma GEMM;
  *  - tiled: weights dequantized into a dense bf16/f16 buffer, then a tensor-core GEMM
  *    (large M with MXFP4 weights or K % 64 != 0);
  *  - simt: f32 CUDA-core GEMM on f32-dequantized operands, for f32 activations and for
