@@ -5,7 +5,7 @@
  * Numerics. An e2m1 value times an e4m3 or ue8m0 block scale is exact in f32, and for
  * NVFP4 also in bf16 and fp16 (at most 5 significant bits, magnitudes 2^-10 .. 2688), so
  * dequantizing into the tensor-core input type loses nothing; products are accumulated in
- * f32 by mma.sync and rounded once into the output type after alpha. This file must be
+ * f32 by mma.sync or wgmma and rounded once into the output type after alpha. This file must be
  * compiled WITHOUT --use_fast_math: the quantize kernel relies on IEEE division and on
  * subnormals not being flushed (spec §4.2).
  *
@@ -20,6 +20,11 @@
  *  - GEMV (M <= 4, one weight matrix): CUDA cores, weights streamed with 16-byte loads,
  *    activations staged in shared memory as exact f32, e2m1 decoded by byte permutes, f32
  *    products and sums (see the section's comment).
+ *  - weight-streaming decode kernel (items of <= 16 rows, K % 256 == 0: decode and small
+ *    MoE): weights as the MMA A operand streamed into a register ring, activations staged
+ *    once per block in B-fragment order (see the section's comment).
+ *  - wgmma GEMMs (sm_90a, large M): packed weights dequantized per k tile into swizzled
+ *    shared memory, or dense weights fed by TMA from a producer warp (persistent).
  *  - fused GEMM (large M, NVFP4 weights, K % 64 == 0): 128x128x64 tiles, 4-stage cp.async
  *    ring of bf16/f16 activations + packed codes + scales, weights dequantized in registers
  *    right before bf16/f16 mma.sync (see the section's comment).
