@@ -25,6 +25,9 @@
 #include "fp4doctor/formats.h"
 #include "fp4doctor/gemm.h"
 #include "fp4doctor/ref.h"
+#ifdef FP4D_TEST_CUDA_KERNELS
+#include "backend/cuda/kernels.h"
+#endif
 
 /* ---- random operands ------------------------------------------------------------------ */
 
@@ -520,6 +523,7 @@ static void test_cuda_quantize_bit_identical(void **state)
                 }
                 for (int64_t c = 0; c < 16; c++) f[c] = 0.0f;           /* an all-zero block */
                 f[16] = NAN;                                            /* NaN in a block */
+                f[17] = -NAN;                                           /* and one with its sign set */
                 f[40] = INFINITY;
                 f[cols + 3] = -INFINITY;
                 for (int64_t c = 32; c < 48 && cols >= 48; c++) f[cols * 2 + c] = 1e-30f; /* scale underflow */
@@ -549,6 +553,29 @@ static void test_cuda_quantize_bit_identical(void **state)
                 free(s2);
             }
     fp4d_backend_close(b);
+}
+
+/* The quantize kernels round with f32_to_e2m1_fast: all 2^32 f32 patterns, through an FMUL
+ * as in the kernels, give the same code as the comparison chain (f32_to_e2m1). */
+static void test_cuda_e2m1_rounding_exhaustive(void **state)
+{
+    (void)state;
+#ifdef FP4D_TEST_CUDA_KERNELS
+    fp4d_backend_t b = open_or_skip("cuda");
+    if (!b) skip();
+    const float scales[] = {1.0f, 0.75f};
+    for (int i = 0; i < 2; i++) {
+        uint64_t bad = 0;
+        uint32_t first = 0;
+        assert_int_equal(fp4d_cuda_e2m1_sweep(scales[i], &bad, &first), 0);
+        if (bad) fprintf(stderr, "  s = %g: %llu codes differ, first at x = 0x%08x\n", scales[i], (unsigned long long)bad, first);
+        assert_int_equal(bad, 0);
+        assert_int_equal(first, 0xFFFFFFFFu);
+    }
+    fp4d_backend_close(b);
+#else
+    skip();
+#endif
 }
 
 /* cublaslt / cudnn: either cuBLASLt/cuDNN says no, with its own words, or the result is
@@ -591,6 +618,7 @@ int main(void)
         cmocka_unit_test(test_cuda_grouped),
         cmocka_unit_test(test_cuda_wa),
         cmocka_unit_test(test_cuda_quantize_bit_identical),
+        cmocka_unit_test(test_cuda_e2m1_rounding_exhaustive),
         cmocka_unit_test(test_cublas_bf16_gemm_sweep),
         cmocka_unit_test(test_cublas_bf16_grouped),
         cmocka_unit_test(test_cublaslt),

@@ -1546,11 +1546,39 @@ __device__ __forceinline__ void wg_tile_origin(int64_t tile, int64_t mt_count, i
  * accumulator i of thread t belongs to n8 block i / 4, row 16 * warp + lane / 4 (+8 when
  * i % 4 >= 2), column 8 (i / 4) + 2 (lane % 4) (+1 for odd i). Split-K partials go to slice
  * `split` of p.partials unscaled by alpha (the reduction applies it). */
+template <bool F16>
+__device__ __forceinline__ void wg_store_acc_pairs(uint32_t *lo, uint32_t *hi, const float (&acc)[128], float scale)
+{
+#pragma unroll
+    for (int j = 0; j < 32; j++) {
+        if (F16) {
+            lo[4 * j] = half2_bits(__floats2half2_rn(acc[4 * j] * scale, acc[4 * j + 1] * scale));
+            hi[4 * j] = half2_bits(__floats2half2_rn(acc[4 * j + 2] * scale, acc[4 * j + 3] * scale));
+        } else {
+            lo[4 * j] = bf16x2_bits(__floats2bfloat162_rn(acc[4 * j] * scale, acc[4 * j + 1] * scale));
+            hi[4 * j] = bf16x2_bits(__floats2bfloat162_rn(acc[4 * j + 2] * scale, acc[4 * j + 3] * scale));
+        }
+    }
+}
+
 __device__ __forceinline__ void wg_store_acc(const fused_args &p, const float (&acc)[128], int64_t row0, int64_t n0,
                                              int64_t split, float scale)
 {
     const int lane = threadIdx.x & 31, warp_in_wg = (threadIdx.x >> 5) & 3;
     const bool paired = (p.n & 1) == 0;
+    /* The common case - the warpgroup's 64 x 256 block lies inside the output, no split-K,
+     * 16-bit output, even N - as 64 plain 4-byte stores at fixed offsets from two row
+     * pointers. The general loop below is ~10k instructions of bounds checks and output-type
+     * branches; run once per unit, its instruction-cache misses cost the persistent kernel
+     * a third of its time on K = 4096 (ncu source view, stall "no instruction"). */
+    if (p.splits == 1 && paired && row0 + 64 <= p.m && n0 + WG_BN <= p.n &&
+        (p.out_type == FP4D_DTYPE_BF16 || p.out_type == FP4D_DTYPE_F16)) {
+        const int64_t row = row0 + warp_in_wg * 16 + (lane >> 2), col = n0 + 2 * (lane & 3);
+        uint32_t *lo = (uint32_t *)((uint16_t *)p.out + row * p.n + col), *hi = lo + 4 * p.n; /* + 8 rows */
+        if (p.out_type == FP4D_DTYPE_F16) wg_store_acc_pairs<true>(lo, hi, acc, scale);
+        else wg_store_acc_pairs<false>(lo, hi, acc, scale);
+        return;
+    }
 #pragma unroll
     for (int j = 0; j < 32; j++)
 #pragma unroll
@@ -1968,23 +1996,56 @@ __global__ void quantize_nvfp4_kernel<__nv_bfloat16>(const __nv_bfloat16 *__rest
 
 /*
  * e2m1 code of y with the same result as f32_to_e2m1 for every y that an FMUL can produce
- * (checked exhaustively on all 2^32 f32 patterns; they differ only for signalling NaNs,
- * which arithmetic never returns). Fewer instructions than the comparison chain:
- *  - NaN -> +FLT_MAX (so code +6, sign cleared), everything else keeps its sign;
- *  - |y| clamped to 6 (saturation), then rounded to the e2m1 grid by one add/subtract of
- *    C = 2^22 * max(1, 2^floor(log2 a)), whose ulp is the grid step at a (0.5 below 2, 1
- *    in [2, 4), 2 in [4, 6]) - round-to-nearest-even of the add is e2m1's tie rule;
+ * (fp4d_cuda_e2m1_sweep checks all 2^32 f32 patterns passed through an FMUL on the device;
+ * test_gpu_backends runs it). Fewer instructions than the comparison chain:
+ *  - |y| clamped to 6 (saturation; fminf returns 6 for NaN, so NaN gets code 6's magnitude),
+ *    then rounded to the e2m1 grid by one add/subtract of C = 2^22 * max(1, 2^floor(log2 a)),
+ *    whose ulp is the grid step at a (0.5 below 2, 1 in [2, 4), 2 in [4, 6]) - round-to-
+ *    nearest-even of the add is e2m1's tie rule;
  *  - r * 2^-126 puts e2m1's 3 magnitude bits at f32 bits 24..22 (code 1 = 0.5 lands on a
- *    subnormal; this file is compiled without flush-to-zero).
+ *    subnormal; this file is compiled without flush-to-zero);
+ *  - the sign is y's sign bit: a NaN that an FMUL returns is the canonical 0x7FFFFFFF, sign
+ *    clear, as f32_to_e2m1 wants (a NaN input with its sign set never reaches here; the
+ *    sweep fails if a GPU ever returns one).
  */
 __device__ __forceinline__ uint32_t f32_to_e2m1_fast(float y)
 {
-    const float z = fminf(y, FLT_MAX);
-    const float a = fminf(fabsf(z), 6.0f);
+    const float a = fminf(fabsf(y), 6.0f);
     const uint32_t cb = max(__float_as_uint(a) & 0x7F800000u, 0x3F800000u) + 0x0B000000u;
     const float c = __uint_as_float(cb);
     const float r = __fsub_rn(__fadd_rn(a, c), c);
-    return (__float_as_uint(__fmul_rn(r, 0x1p-126f)) >> 22) | ((__float_as_uint(z) >> 28) & 8u);
+    return (__float_as_uint(__fmul_rn(r, 0x1p-126f)) >> 22) | ((__float_as_uint(y) >> 28) & 8u);
+}
+
+/* Every f32 bit pattern x, as FMUL(x, s) - the values the quantize kernels round - through
+ * f32_to_e2m1_fast and f32_to_e2m1; counts the codes that differ and keeps the smallest
+ * pattern that does. */
+__global__ void e2m1_sweep_kernel(float s, unsigned long long *mismatches, unsigned int *first_bad)
+{
+    unsigned long long local = 0;
+    unsigned int first = 0xFFFFFFFFu;
+    const uint64_t step = (uint64_t)gridDim.x * blockDim.x;
+    for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < (1ull << 32); i += step) {
+        const float y = __fmul_rn(__uint_as_float((uint32_t)i), s);
+        if (f32_to_e2m1_fast(y) != f32_to_e2m1(y)) {
+            local++;
+            first = min(first, (unsigned int)i);
+        }
+    }
+    if (local) {
+        atomicAdd(mismatches, local);
+        atomicMin(first_bad, first);
+    }
+}
+
+/* The out-scale of each e4m3 scale byte, 1 / (sfq * rcp_gs) saturated to FLT_MAX: the
+ * per-block division of quantize_nvfp4_kernel, done once per CTA for all 256 bytes and then
+ * looked up (the same value, so the codes stay bit-identical). */
+__device__ __forceinline__ void fill_out_scale_table(float *tab, float rcp_gs)
+{
+    for (int b = threadIdx.x; b < 256; b += blockDim.x)
+        tab[b] = fminf(__fdiv_rn(1.0f, __fmul_rn(ue4m3_to_f32((uint32_t)b), rcp_gs)), FLT_MAX);
+    __syncthreads();
 }
 
 /*
@@ -1993,7 +2054,7 @@ __device__ __forceinline__ uint32_t f32_to_e2m1_fast(float y)
  * and ignores NaN like fmaxf), the e4m3 scale byte (returned), and the 16 codes as two
  * words (low nibble = even element). Same arithmetic as quantize_nvfp4_kernel.
  */
-__device__ __forceinline__ uint32_t quantize_block16_bf16(const uint32_t wv[8], float gs_div6, float rcp_gs,
+__device__ __forceinline__ uint32_t quantize_block16_bf16(const uint32_t wv[8], float gs_div6, const float *out_scale_tab,
                                                           uint32_t out[2])
 {
     __nv_bfloat162 m2 = bits_bf16x2(wv[0] & 0x7FFF7FFFu);
@@ -2002,8 +2063,7 @@ __device__ __forceinline__ uint32_t quantize_block16_bf16(const uint32_t wv[8], 
     const float vmax = fmaxf(__low2float(m2), __high2float(m2));
     const float sf = vmax != 0.0f ? __fmul_rn(vmax, gs_div6) : 0.0f;
     const uint32_t sfbyte = f32_to_e4m3_satfinite(sf);
-    const float sfq = ue4m3_to_f32(sfbyte);
-    const float out_scale = vmax != 0.0f ? fminf(__fdiv_rn(1.0f, __fmul_rn(sfq, rcp_gs)), FLT_MAX) : 0.0f;
+    const float out_scale = vmax != 0.0f ? out_scale_tab[sfbyte] : 0.0f;
 #pragma unroll
     for (int h = 0; h < 2; h++) {
         uint32_t word = 0;
@@ -2033,6 +2093,8 @@ __global__ void __launch_bounds__(256) quantize_bf16_b1_kernel(const uint4 *__re
 {
     const float rcp_gs = __fdiv_rn(1.0f, gs);
     const float gs_div6 = __fmul_rn(gs, __fdiv_rn(1.0f, 6.0f));
+    __shared__ float out_scale_tab[256];
+    fill_out_scale_table(out_scale_tab, rcp_gs);
     const int lane = threadIdx.x & 31;
     const int64_t chunks_per_row = C / 128, chunks = rows * chunks_per_row;
     const int64_t warps = (int64_t)gridDim.x * (blockDim.x / 32);
@@ -2050,7 +2112,7 @@ __global__ void __launch_bounds__(256) quantize_bf16_b1_kernel(const uint4 *__re
             const uint32_t wv[8] = {v[2 * i].x, v[2 * i].y, v[2 * i].z, v[2 * i].w,
                                     v[2 * i + 1].x, v[2 * i + 1].y, v[2 * i + 1].z, v[2 * i + 1].w};
             uint32_t out[2];
-            const uint32_t sfbyte = quantize_block16_bf16(wv, gs_div6, rcp_gs, out);
+            const uint32_t sfbyte = quantize_block16_bf16(wv, gs_div6, out_scale_tab, out);
             __stcs(codes + b0 + 32 * i, make_uint2(out[0], out[1]));
             const int64_t c = c0 + 32 * i + lane;
             int64_t off;
@@ -2079,6 +2141,8 @@ __global__ void __launch_bounds__(256) quantize_bf16_g4_kernel(const uint4 *__re
 {
     const float rcp_gs = __fdiv_rn(1.0f, gs);
     const float gs_div6 = __fmul_rn(gs, __fdiv_rn(1.0f, 6.0f));
+    __shared__ float out_scale_tab[256];
+    fill_out_scale_table(out_scale_tab, rcp_gs);
     const int64_t G = C / 4, total = rows * G;
     const int64_t first = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, step = (int64_t)gridDim.x * blockDim.x;
     const int64_t step_r = step / G, step_c = step % G;
@@ -2093,7 +2157,7 @@ __global__ void __launch_bounds__(256) quantize_bf16_g4_kernel(const uint4 *__re
         for (int b = 0; b < 4; b++) {
             const uint32_t wv[8] = {v[2 * b].x, v[2 * b].y, v[2 * b].z, v[2 * b].w,
                                     v[2 * b + 1].x, v[2 * b + 1].y, v[2 * b + 1].z, v[2 * b + 1].w};
-            sfbytes |= quantize_block16_bf16(wv, gs_div6, rcp_gs, &out[2 * b]) << (8 * b);
+            sfbytes |= quantize_block16_bf16(wv, gs_div6, out_scale_tab, &out[2 * b]) << (8 * b);
         }
         __stcs(codes + j * 2, make_uint4(out[0], out[1], out[2], out[3]));
         __stcs(codes + j * 2 + 1, make_uint4(out[4], out[5], out[6], out[7]));
@@ -3029,6 +3093,29 @@ extern "C" int fp4d_cuda_amax(int src_type, const void *src, size_t count, float
     else if (src_type == FP4D_DTYPE_BF16) amax_kernel<__nv_bfloat16><<<grid, 256, 0, s>>>((const __nv_bfloat16 *)src, count, o);
     else amax_kernel<__half><<<grid, 256, 0, s>>>((const __half *)src, count, o);
     return (int)cudaGetLastError();
+}
+
+extern "C" int fp4d_cuda_e2m1_sweep(float s, uint64_t *mismatches, uint32_t *first_bad)
+{
+    unsigned long long *d_count = NULL;
+    unsigned int *d_first = NULL;
+    cudaError_t e = cudaMalloc(&d_count, sizeof *d_count);
+    if (e == cudaSuccess) e = cudaMalloc(&d_first, sizeof *d_first);
+    if (e == cudaSuccess) e = cudaMemset(d_count, 0, sizeof *d_count);
+    if (e == cudaSuccess) e = cudaMemset(d_first, 0xFF, sizeof *d_first);
+    if (e == cudaSuccess) {
+        e2m1_sweep_kernel<<<132 * 16, 256>>>(s, d_count, d_first);
+        e = cudaGetLastError();
+    }
+    unsigned long long count = 0;
+    unsigned int first = 0;
+    if (e == cudaSuccess) e = cudaMemcpy(&count, d_count, sizeof count, cudaMemcpyDeviceToHost);
+    if (e == cudaSuccess) e = cudaMemcpy(&first, d_first, sizeof first, cudaMemcpyDeviceToHost);
+    cudaFree(d_count);
+    cudaFree(d_first);
+    *mismatches = count;
+    *first_bad = first;
+    return (int)e;
 }
 
 /* FP4DOCTOR_CUDA_QUANT_B1=0 keeps bf16 rows of 2048+ columns on the 4-block kernel (A/B timing) */

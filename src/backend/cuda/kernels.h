@@ -165,6 +165,11 @@ int fp4d_cuda_amax(int src_type, const void *src, size_t count, float *dev_amax,
 int fp4d_cuda_quantize_nvfp4(int src_type, const void *src, int64_t rows, int64_t cols, float encode_scale,
                              int layout, uint8_t *codes, uint8_t *scales, void *stream);
 
+/* Self-check of the quantize kernels' e2m1 rounding: every f32 pattern x, as FMUL(x, s),
+ * through the fast rounding and the comparison chain on the device; *mismatches counts the
+ * codes that differ, *first_bad is the smallest such x (0xFFFFFFFF when none). */
+int fp4d_cuda_e2m1_sweep(float s, uint64_t *mismatches, uint32_t *first_bad);
+
 /* Which architecture the kernels were compiled for on this device (cudaFuncAttributes):
  * binary_version is e.g. 90 when sm_90a SASS runs; returns the CUDA error otherwise
  * (cudaErrorNoKernelImageForDevice when no code matches). */
