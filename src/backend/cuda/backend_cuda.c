@@ -300,9 +300,12 @@ static fp4d_status run_fused(cuda_ctx *c, const dev_gemm *g)
         const int64_t r0 = g->offsets ? g->offsets[e] : 0, r1 = g->offsets ? g->offsets[e + 1] : g->a_rows;
         if (r1 == r0) continue;
         const int32_t splits = fp4d_cuda_fused_splits(r1 - r0, g->n, g->k, c->sm_count);
-        if (splits > 1)
-            FP4D_FORWARD_IF_ERROR(
-                fp4d_devbuf_reserve(&c->partials, (size_t)splits * (size_t)(r1 - r0) * (size_t)g->n * sizeof(float), false));
+        if (splits > 1) {
+            size_t partial_floats = 0, counter_count = 0;
+            fp4d_cuda_fused_scratch(r1 - r0, g->n, splits, &partial_floats, &counter_count);
+            FP4D_FORWARD_IF_ERROR(fp4d_devbuf_reserve(&c->partials, partial_floats * sizeof(float), false));
+            FP4D_FORWARD_IF_ERROR(fp4d_devbuf_reserve(&c->counters, counter_count * sizeof(uint32_t), true));
+        }
         const void *a_rows = (const uint8_t *)a + (size_t)r0 * (size_t)g->k * esz;
         void *o = (uint8_t *)g->out + (size_t)r0 * (size_t)g->n * osz;
         /* many rows: dequantize the weights once (exact) and run the plain wgmma GEMM, whose
@@ -313,13 +316,14 @@ static fp4d_status run_fused(cuda_ctx *c, const dev_gemm *g)
             fp4d_dev_fp4 w = {g->b_codes[e], g->b_scales[e], g->n, g->k, g->b_format, g->b_layout};
             FP4D_CUDA_TRY(fp4d_cuda_dequantize(&w, d, c->wb.ptr, c->stream), "cuda: dequantize B");
             FP4D_CUDA_TRY(fp4d_cuda_dense_wgmma(d, a_rows, c->wb.ptr, r1 - r0, g->n, g->k, g->alpha[e], g->out_type, o,
-                                                splits, splits > 1 ? c->partials.ptr : NULL, c->stream),
+                                                splits, splits > 1 ? c->partials.ptr : NULL,
+                                                splits > 1 ? c->counters.ptr : NULL, c->stream),
                           "cuda: wgmma GEMM");
             continue;
         }
         FP4D_CUDA_TRY(fp4d_cuda_fused_gemm(d, a_rows, g->b_codes[e], g->b_scales[e], g->b_layout, r1 - r0, g->n, g->k,
                                            g->alpha[e], g->out_type, o, splits, splits > 1 ? c->partials.ptr : NULL,
-                                           c->stream),
+                                           splits > 1 ? c->counters.ptr : NULL, c->stream),
                       "cuda: fused GEMM");
     }
     return FP4D_STATUS_OK;

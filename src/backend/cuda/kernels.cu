@@ -1309,7 +1309,8 @@ struct fused_args {
     int32_t         out_type;
     void           *out;
     int32_t         splits, ktiles_per_split;
-    float          *partials; /* splits > 1: [splits, M, N] */
+    float          *partials; /* splits > 1: [splits, M, N] (mma.sync kernel) or per tile (wgmma kernels) */
+    uint32_t       *counters; /* wgmma kernels, splits > 1: one per tile, zero between launches */
 };
 
 __device__ __forceinline__ void store_out2(int out_type, void *out, int64_t idx, float v0, float v1, bool both,
@@ -1544,8 +1545,7 @@ __device__ __forceinline__ void wg_tile_origin(int64_t tile, int64_t mt_count, i
 
 /* Stores one warpgroup's m64n256 accumulators (rows row0.., columns n0..) times `scale`:
  * accumulator i of thread t belongs to n8 block i / 4, row 16 * warp + lane / 4 (+8 when
- * i % 4 >= 2), column 8 (i / 4) + 2 (lane % 4) (+1 for odd i). Split-K partials go to slice
- * `split` of p.partials unscaled by alpha (the reduction applies it). */
+ * i % 4 >= 2), column 8 (i / 4) + 2 (lane % 4) (+1 for odd i). */
 template <bool F16>
 __device__ __forceinline__ void wg_store_acc_pairs(uint32_t *lo, uint32_t *hi, const float (&acc)[128], float scale)
 {
@@ -1562,16 +1562,16 @@ __device__ __forceinline__ void wg_store_acc_pairs(uint32_t *lo, uint32_t *hi, c
 }
 
 __device__ __forceinline__ void wg_store_acc(const fused_args &p, const float (&acc)[128], int64_t row0, int64_t n0,
-                                             int64_t split, float scale)
+                                             float scale)
 {
     const int lane = threadIdx.x & 31, warp_in_wg = (threadIdx.x >> 5) & 3;
     const bool paired = (p.n & 1) == 0;
-    /* The common case - the warpgroup's 64 x 256 block lies inside the output, no split-K,
-     * 16-bit output, even N - as 64 plain 4-byte stores at fixed offsets from two row
-     * pointers. The general loop below is ~10k instructions of bounds checks and output-type
-     * branches; run once per unit, its instruction-cache misses cost the persistent kernel
-     * a third of its time on K = 4096 (ncu source view, stall "no instruction"). */
-    if (p.splits == 1 && paired && row0 + 64 <= p.m && n0 + WG_BN <= p.n &&
+    /* The common case - the warpgroup's 64 x 256 block lies inside the output, 16-bit output,
+     * even N - as 64 plain 4-byte stores at fixed offsets from two row pointers. The general
+     * loop below is ~10k instructions of bounds checks and output-type branches; run once per
+     * unit, its instruction-cache misses cost the persistent kernel a third of its time on
+     * K = 4096 (ncu source view, stall "no instruction"). */
+    if (paired && row0 + 64 <= p.m && n0 + WG_BN <= p.n &&
         (p.out_type == FP4D_DTYPE_BF16 || p.out_type == FP4D_DTYPE_F16)) {
         const int64_t row = row0 + warp_in_wg * 16 + (lane >> 2), col = n0 + 2 * (lane & 3);
         uint32_t *lo = (uint32_t *)((uint16_t *)p.out + row * p.n + col), *hi = lo + 4 * p.n; /* + 8 rows */
@@ -1586,16 +1586,45 @@ __device__ __forceinline__ void wg_store_acc(const fused_args &p, const float (&
             const int64_t row = row0 + warp_in_wg * 16 + (lane >> 2) + 8 * h;
             const int64_t col = n0 + 8 * j + 2 * (lane & 3);
             if (row >= p.m || col >= p.n) continue;
-            const float v0 = acc[4 * j + 2 * h] * scale, v1 = acc[4 * j + 2 * h + 1] * scale;
             const bool both = col + 1 < p.n;
-            if (p.splits > 1) {
-                float *dst = p.partials + (split * p.m + row) * p.n + col;
-                dst[0] = v0;
-                if (both) dst[1] = v1;
-            } else {
-                store_out2(p.out_type, p.out, row * p.n + col, v0, v1, both, paired);
-            }
+            store_out2(p.out_type, p.out, row * p.n + col, acc[4 * j + 2 * h] * scale, acc[4 * j + 2 * h + 1] * scale,
+                       both, paired);
         }
+}
+
+__device__ __forceinline__ void consumer_bar_sync() { asm volatile("bar.sync 1, 256;\n" ::: "memory"); }
+
+/* Split-K of the wgmma kernels, reduced in the kernel: every split of a tile stores its
+ * accumulators (element i of consumer thread t at i * 256 + t: coalesced), and the split that
+ * arrives last at the tile's counter sums all of them in split order 0, 1, ... - the same
+ * sum whichever split is last, so the result is deterministic - and goes on to store the
+ * output; it also resets the counter. Returns false for the splits that only stored. Called
+ * by the 256 consumer threads (named barrier 1), `flag` in shared memory. */
+__device__ __forceinline__ bool wg_splitk_last(const fused_args &p, float (&acc)[128], int64_t tile, int split,
+                                               uint32_t *flag)
+{
+    const int tid = threadIdx.x;
+    float *base = p.partials + tile * (int64_t)p.splits * (128 * 256);
+    float *mine = base + (int64_t)split * (128 * 256);
+#pragma unroll
+    for (int i = 0; i < 128; i++) __stcg(mine + i * 256 + tid, acc[i]);
+    __threadfence();
+    consumer_bar_sync();
+    if (tid == 0) *flag = atomicAdd(p.counters + tile, 1u);
+    consumer_bar_sync();
+    const bool last = *flag == (uint32_t)p.splits - 1;
+    consumer_bar_sync(); /* flag is read before any thread can reuse it */
+    if (!last) return false;
+    __threadfence();
+#pragma unroll
+    for (int i = 0; i < 128; i++) acc[i] = __ldcg(base + i * 256 + tid);
+    for (int sp = 1; sp < p.splits; sp++) {
+        const float *src = base + (int64_t)sp * (128 * 256);
+#pragma unroll
+        for (int i = 0; i < 128; i++) acc[i] += __ldcg(src + i * 256 + tid);
+    }
+    if (tid == 0) p.counters[tile] = 0;
+    return true;
 }
 #endif
 
@@ -1624,36 +1653,49 @@ __global__ void __launch_bounds__(WG_THREADS, 1) wg_kernel(const fused_args p)
         for (int b = tid; b < 256; b += WG_THREADS) lut[b] = nv_scale_folded1<F16>((uint32_t)b);
 
     /* loads of k tile kt into stage st: A 128 rows x 8 chunks (4 per thread), codes 256 rows
-     * x 2 chunks (2 per thread), one scale word per weight row */
+     * x 2 chunks (2 per thread), one scale word per weight row. Each thread's source pointers
+     * at the split's first k tile are made once (rows past the end point at the matrix start
+     * and copy nothing); a k tile then only adds kt times a fixed step. */
+    const uint16_t *a_src[4];
+    const uint8_t *w_src[DENSE ? 8 : 2];
+    bool a_ok[4], w_ok[DENSE ? 8 : 2];
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const int u = tid + i * WG_THREADS, r = u >> 3, c = u & 7;
+        a_ok[i] = m0 + r < p.m;
+        a_src[i] = p.a + (a_ok[i] ? (m0 + r) * p.k + kt0 * WG_BK + 8 * c : 0);
+    }
+#pragma unroll
+    for (int i = 0; i < (DENSE ? 8 : 2); i++) {
+        const int u = tid + i * WG_THREADS, r = DENSE ? u >> 3 : u >> 1, c = DENSE ? u & 7 : u & 1;
+        w_ok[i] = n0 + r < p.n;
+        w_src[i] = DENSE ? (const uint8_t *)((const uint16_t *)p.codes + (w_ok[i] ? (n0 + r) * p.k + kt0 * WG_BK + 8 * c : 0))
+                         : p.codes + (w_ok[i] ? (n0 + r) * (p.k / 2) + kt0 * (WG_BK / 2) + 16 * c : 0);
+    }
+    const bool s_ok = !DENSE && n0 + tid < p.n;
+    const uint8_t *s_src = p.scales + (s_ok ? scale_row_off(p.layout, C, n0 + tid) + scale_col_off(p.layout, kt0 * (WG_BK / 16)) : 0);
+    const int64_t s_step = scale_col_off(p.layout, WG_BK / 16); /* 4 blocks: whole scale words in every layout */
     auto issue = [&](int kt, int st) {
         if (kt >= nkt) return;
-        const int64_t k0 = (kt0 + kt) * WG_BK;
         const uint32_t sa = base_s + st * STAGE_BYTES, sc = sa + WG_A_BYTES, ss = sc + WG_C_BYTES;
 #pragma unroll
         for (int i = 0; i < 4; i++) {
-            const int u = tid + i * WG_THREADS, r = u >> 3, c = u & 7;
-            const bool v = m0 + r < p.m;
-            cp_async_16(sa + wg_swz(r, c), p.a + (v ? (m0 + r) * p.k + k0 + 8 * c : 0), v);
+            const int u = tid + i * WG_THREADS;
+            cp_async_16(sa + wg_swz(u >> 3, u & 7), a_src[i] + (a_ok[i] ? kt * WG_BK : 0), a_ok[i]);
         }
         if (DENSE) {
-            const uint16_t *w = (const uint16_t *)p.codes;
 #pragma unroll
             for (int i = 0; i < 8; i++) {
-                const int u = tid + i * WG_THREADS, r = u >> 3, c = u & 7;
-                const bool v = n0 + r < p.n;
-                cp_async_16(sc + wg_swz(r, c), w + (v ? (n0 + r) * p.k + k0 + 8 * c : 0), v);
+                const int u = tid + i * WG_THREADS;
+                cp_async_16(sc + wg_swz(u >> 3, u & 7), w_src[i] + (w_ok[i] ? kt * WG_BK * 2 : 0), w_ok[i]);
             }
         } else {
 #pragma unroll
             for (int i = 0; i < 2; i++) {
-                const int u = tid + i * WG_THREADS, r = u >> 1, c = u & 1;
-                const bool v = n0 + r < p.n;
-                cp_async_16(sc + r * 32 + c * 16, p.codes + (v ? (n0 + r) * (p.k / 2) + k0 / 2 + 16 * c : 0), v);
+                const int u = tid + i * WG_THREADS;
+                cp_async_16(sc + (u >> 1) * 32 + (u & 1) * 16, w_src[i] + (w_ok[i] ? kt * (WG_BK / 2) : 0), w_ok[i]);
             }
-            const int r = tid;
-            const bool v = n0 + r < p.n;
-            const int64_t off = v ? scale_row_off(p.layout, C, n0 + r) + scale_col_off(p.layout, k0 / 16) : 0;
-            cp_async_4(ss + r * 4, p.scales + off, v);
+            cp_async_4(ss + tid * 4, s_src + (s_ok ? kt * s_step : 0), s_ok);
         }
     };
 
@@ -1718,7 +1760,9 @@ __global__ void __launch_bounds__(WG_THREADS, 1) wg_kernel(const fused_args p)
     wg_wait<0>();
     cp_async_wait<0>();
 
-    wg_store_acc(p, acc, m0 + wgi * 64, n0, blockIdx.y, (p.splits > 1 ? 1.0f : p.alpha) * (DENSE ? 1.0f : 128.0f));
+    __shared__ uint32_t splitk_flag;
+    if (p.splits > 1 && !wg_splitk_last(p, acc, blockIdx.x, blockIdx.y, &splitk_flag)) return;
+    wg_store_acc(p, acc, m0 + wgi * 64, n0, p.alpha * (DENSE ? 1.0f : 128.0f));
 #else
     (void)p;
     __trap();
@@ -1825,6 +1869,7 @@ __global__ void __launch_bounds__(WGT_THREADS, 1)
     }
 
     const int wgi = warp >> 2; /* consumer warpgroup: rows 64 wgi .. of the M tile */
+    __shared__ uint32_t splitk_flag;
     uint32_t g = 0; /* stages consumed so far */
     for (int64_t u = blockIdx.x; u < units; u += gridDim.x) {
         int64_t m0, n0, kt0;
@@ -1849,7 +1894,8 @@ __global__ void __launch_bounds__(WGT_THREADS, 1)
         }
         wg_wait<0>();
         if (nkt > 0 && (tid & 127) == 0) mbar_arrive(bars + 8 * (WGT_STAGES + (g - 1) % WGT_STAGES));
-        wg_store_acc(p, acc, m0 + wgi * 64, n0, split, p.splits > 1 ? 1.0f : p.alpha);
+        if (p.splits > 1 && !wg_splitk_last(p, acc, u % tiles, split, &splitk_flag)) continue;
+        wg_store_acc(p, acc, m0 + wgi * 64, n0, p.alpha);
     }
 #else
     (void)map_a;
@@ -2646,16 +2692,28 @@ static bool encode_kmajor_map(CUtensorMap *map, const void *base, int64_t rows, 
                CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
+extern "C" void fp4d_cuda_fused_scratch(int64_t m, int64_t n, int32_t splits, size_t *partial_floats,
+                                        size_t *counter_count)
+{
+    /* mma.sync kernel: [splits, M, N]; wgmma kernels: splits x 128 x 256 per output tile */
+    const size_t tiles = (size_t)((m + WG_BM - 1) / WG_BM) * (size_t)((n + WG_BN - 1) / WG_BN);
+    const size_t flat = (size_t)splits * (size_t)m * (size_t)n, tiled = tiles * (size_t)splits * WG_BM * WG_BN;
+    *partial_floats = splits > 1 ? (flat > tiled ? flat : tiled) : 0;
+    *counter_count = splits > 1 ? tiles : 0;
+}
+
 extern "C" int fp4d_cuda_dense_wgmma(int op_type, const void *a, const void *w, int64_t m, int64_t n, int64_t k,
-                                     float alpha, int out_type, void *out, int32_t splits, float *partials, void *stream)
+                                     float alpha, int out_type, void *out, int32_t splits, float *partials,
+                                     uint32_t *counters, void *stream)
 {
     cudaStream_t s = (cudaStream_t)stream;
     if (m == 0 || n == 0) return cudaSuccess;
-    if (!wg_active() || k % WG_BK != 0 || splits < 1 || (splits > 1 && !partials)) return (int)cudaErrorInvalidValue;
+    if (!wg_active() || k % WG_BK != 0 || splits < 1 || (splits > 1 && (!partials || !counters)))
+        return (int)cudaErrorInvalidValue;
     const bool f16 = op_type == FP4D_DTYPE_F16;
     const int64_t ktiles = k / WG_BK;
     fused_args p = {(const uint16_t *)a, (const uint8_t *)w, NULL, 0, m, n, k, alpha, out_type, out,
-                    splits, (int32_t)((ktiles + splits - 1) / splits), partials};
+                    splits, (int32_t)((ktiles + splits - 1) / splits), partials, counters};
     const int64_t tiles = ((m + WG_BM - 1) / WG_BM) * ((n + WG_BN - 1) / WG_BN);
     if (tiles > INT32_MAX || splits > 65535) return (int)cudaErrorInvalidConfiguration;
     /* TMA + producer warp when the tensor maps can be made (FP4DOCTOR_CUDA_WG_TMA=0: the
@@ -2682,16 +2740,12 @@ extern "C" int fp4d_cuda_dense_wgmma(int op_type, const void *a, const void *w, 
         if (ae != cudaSuccess) return (int)ae;
         wk<<<dim3((unsigned)tiles, (unsigned)splits), WG_THREADS, WGD_SMEM, s>>>(p);
     }
-    cudaError_t e = cudaGetLastError();
-    if (e != cudaSuccess || splits == 1) return (int)e;
-    const size_t count = (size_t)m * (size_t)n;
-    fused_reduce_kernel<<<grid_for((int64_t)count, 256), 256, 0, s>>>(partials, splits, count, alpha, out_type, out);
-    return (int)cudaGetLastError();
+    return (int)cudaGetLastError(); /* split-K is reduced inside the kernels */
 }
 
 extern "C" int fp4d_cuda_fused_gemm(int op_type, const void *a, const uint8_t *codes, const uint8_t *scales,
                                     int layout, int64_t m, int64_t n, int64_t k, float alpha, int out_type, void *out,
-                                    int32_t splits, float *partials, void *stream)
+                                    int32_t splits, float *partials, uint32_t *counters, void *stream)
 {
     cudaStream_t s = (cudaStream_t)stream;
     if (m == 0 || n == 0) return cudaSuccess;
@@ -2703,16 +2757,13 @@ extern "C" int fp4d_cuda_fused_gemm(int op_type, const void *a, const uint8_t *c
         void (*wk)(const fused_args) = f16 ? wg_kernel<true, false> : wg_kernel<false, false>;
         const cudaError_t ae = cudaFuncSetAttribute(wk, cudaFuncAttributeMaxDynamicSharedMemorySize, WG_SMEM);
         if (ae != cudaSuccess) return (int)ae;
+        if (splits > 1 && !counters) return (int)cudaErrorInvalidValue;
         fused_args p = {(const uint16_t *)a, codes, scales, layout, m, n, k, alpha, out_type, out,
-                        splits, (int32_t)((ktiles_all + splits - 1) / splits), partials};
+                        splits, (int32_t)((ktiles_all + splits - 1) / splits), partials, counters};
         const int64_t tiles = ((m + WG_BM - 1) / WG_BM) * ((n + WG_BN - 1) / WG_BN);
         if (tiles > INT32_MAX || splits > 65535) return (int)cudaErrorInvalidConfiguration;
         wk<<<dim3((unsigned)tiles, (unsigned)splits), WG_THREADS, WG_SMEM, s>>>(p);
-        cudaError_t e = cudaGetLastError();
-        if (e != cudaSuccess || splits == 1) return (int)e;
-        const size_t count = (size_t)m * (size_t)n;
-        fused_reduce_kernel<<<grid_for((int64_t)count, 256), 256, 0, s>>>(partials, splits, count, alpha, out_type, out);
-        return (int)cudaGetLastError();
+        return (int)cudaGetLastError(); /* split-K is reduced inside the kernel */
     }
     const char *minb_env = getenv("FP4DOCTOR_CUDA_FUSED_MINB");
     const bool one_block = !f16 && minb_env && atoi(minb_env) == 1;

@@ -57,14 +57,16 @@ int fp4d_cuda_tiled_gemm(int op_type, const void *a, const void *b, int64_t m, i
  * out[m, n] = alpha * sum_k A[m, k] * B[n, k]; A [M, K] row-major of op_type (BF16 or F16),
  * B NVFP4 codes [N, K/2] + block scales in `layout`; K % 64 == 0, pointers 16-byte aligned
  * (scales 4-byte aligned). f32 accumulation, output F32/BF16/F16 rounded once after alpha.
- * splits > 1 (from fp4d_cuda_fused_splits) needs partials of splits * M * N floats and
- * reduces them in a fixed order (deterministic). */
+ * splits > 1 (from fp4d_cuda_fused_splits) needs the scratch fp4d_cuda_fused_scratch sizes:
+ * partials, and counters that are zero before the launch (the kernels leave them zero);
+ * splits are reduced in a fixed order (deterministic). */
 int32_t fp4d_cuda_fused_splits(int64_t m, int64_t n, int64_t k, int sm_count);
+void fp4d_cuda_fused_scratch(int64_t m, int64_t n, int32_t splits, size_t *partial_floats, size_t *counter_count);
 /* Non-zero when the device lets a block have the fused kernel's ~85 KB of shared memory. */
 int fp4d_cuda_fused_available(int device);
 int fp4d_cuda_fused_gemm(int op_type, const void *a, const uint8_t *codes, const uint8_t *scales, int layout,
                          int64_t m, int64_t n, int64_t k, float alpha, int out_type, void *out, int32_t splits,
-                         float *partials, void *stream);
+                         float *partials, uint32_t *counters, void *stream);
 
 /* ---- wgmma GEMM on dequantized weights (sm_90a, large M) ------------------------------
  * out[m, n] = alpha * sum_k A[m, k] * W[n, k], A [M, K] and W [N, K] row-major of op_type
@@ -73,7 +75,8 @@ int fp4d_cuda_fused_gemm(int op_type, const void *a, const uint8_t *codes, const
  * built in and FP4DOCTOR_CUDA_WGMMA not 0; the fused GEMM then runs its wgmma kernel too. */
 int fp4d_cuda_dense_wgmma_available(void);
 int fp4d_cuda_dense_wgmma(int op_type, const void *a, const void *w, int64_t m, int64_t n, int64_t k, float alpha,
-                          int out_type, void *out, int32_t splits, float *partials, void *stream);
+                          int out_type, void *out, int32_t splits, float *partials, uint32_t *counters,
+                          void *stream);
 
 /* ---- CUDA-core f32 GEMM (fallback for f32 activations and odd shapes) ---------------- */
 int fp4d_cuda_simt_gemm(const float *a, const float *b, int64_t m, int64_t n, int64_t k,
