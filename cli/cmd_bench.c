@@ -412,6 +412,40 @@ int cmd_bench(int argc, char **argv)
             it->free(ctx);
         }
 #ifdef FP4D_USE_CUDA
+        /* per shape, the time to merely read its NVFP4 codes + scales once: no kernel that
+         * streams the weights can beat it, so cublas-bf16's decode time over it bounds the
+         * speedup any FP4 kernel can show at M <= 16 on this GPU, in this timing */
+        for (int s = 0; o.dense && dev >= 0 && dev < ci.device_count && s < o.num_nk; s++) {
+            const int64_t n = o.nk[s][0], k = o.nk[s][1];
+            const size_t bytes = (size_t)(n * k / 2 + n * k / 16);
+            fp4d_bench_result f = {0};
+            if (fp4d_cuda_bench_read(dev, bytes, o.repeats, &f) != FP4D_STATUS_OK) {
+                if (table) printf("# weight read floor %lldx%lld: %s\n", (long long)n, (long long)k, fp4d_last_error());
+                failures++;
+                continue;
+            }
+            const double gbps = (double)bytes / (f.median_us * 1e-6) / 1e9;
+            const row *anchor = NULL; /* cublas-bf16 W4A16 at the smallest M <= 16 measured */
+            for (size_t i = 0; i < rs.n; i++) {
+                const row *r = &rs.v[i];
+                if (!strcmp(r->backend, "cublas-bf16") && !strcmp(r->mode, "W4A16") && !strcmp(r->status, "OK") &&
+                    r->device == dev && r->n == n && r->k == k && r->m <= 16 && (!anchor || r->m < anchor->m))
+                    anchor = r;
+            }
+            if (table) {
+                printf("# weight read floor %lldx%lld on GPU %d: %.2f us (%.0f GB/s of NVFP4 codes + scales)", (long long)n,
+                       (long long)k, dev, f.median_us, gbps);
+                if (anchor)
+                    printf("; cublas-bf16 W4A16 M=%lld %.2f us: at most %.2fx at M <= 16", (long long)anchor->m, anchor->us,
+                           anchor->us / f.median_us);
+                printf("\n");
+            }
+            json_t *j = json_pack("{s:s, s:i, s:I, s:I, s:I, s:f, s:f}", "what", "weight_read_floor", "device", dev, "n",
+                                  (json_int_t)n, "k", (json_int_t)k, "bytes", (json_int_t)bytes, "median_us", f.median_us,
+                                  "gbps", gbps);
+            if (j && anchor) json_object_set_new(j, "max_speedup_m16", json_real(anchor->us / f.median_us));
+            json_array_append_new(extra, j);
+        }
         if (o.quantize && dev >= 0 && dev < ci.device_count) {
             const int64_t sizes[2] = {8192, 16384};
             for (int si = 0; si < 2; si++) {

@@ -633,6 +633,37 @@ fp4d_status fp4d_cuda_bench_copy(int device, size_t bytes, int repeats, fp4d_ben
     return st;
 }
 
+typedef struct read_bench_state {
+    cuda_ctx *c;
+    size_t    bytes, stride;
+} read_bench_state;
+
+static fp4d_status read_call(void *state, int copy)
+{
+    read_bench_state *s = state;
+    FP4D_CUDA_TRY(fp4d_cuda_read_stream((const uint8_t *)s->c->b.ptr + (size_t)copy * s->stride, s->bytes,
+                                        (uint32_t *)s->c->counters.ptr, s->c->sm_count, s->c->stream),
+                  "cuda: read");
+    return FP4D_STATUS_OK;
+}
+
+fp4d_status fp4d_cuda_bench_read(int device, size_t bytes, int repeats, fp4d_bench_result *out)
+{
+    void *ctx = NULL;
+    fp4d_reason why;
+    FP4D_FORWARD_IF_ERROR(cuda_init(NULL, device, &ctx, &why));
+    cuda_ctx *c = ctx;
+    /* rotated like the GEMM benchmark's weight copies, so that L2 serves none of it */
+    const size_t stride = align_up(bytes, 256);
+    const int copies = fp4d_cuda_rotation_copies(stride, c->l2_bytes);
+    read_bench_state s = {c, bytes & ~(size_t)15, stride};
+    fp4d_status st = fp4d_devbuf_reserve(&c->b, stride * (size_t)copies, true);
+    if (st == FP4D_STATUS_OK) st = fp4d_devbuf_reserve(&c->counters, sizeof(uint32_t), true);
+    if (st == FP4D_STATUS_OK) st = fp4d_cuda_time(c->stream, read_call, &s, copies, repeats, out);
+    cuda_free(c);
+    return st;
+}
+
 static fp4d_status cuda_bench(void *ctx, const fp4d_gemm_desc *d, int repeats, fp4d_bench_result *out)
 {
     cuda_ctx *c = ctx;

@@ -23,11 +23,14 @@ void fp4d_cuda_register_backends(void);
 
 /* Benchmarks outside the GEMM interface, for `fp4doctor bench` (device-resident data,
  * CUDA-event timing, median of `repeats`):
- * the `cuda` quantize kernel (src -> NVFP4 flashinfer-exact with a given encode scale) and a
+ * the `cuda` quantize kernel (src -> NVFP4 flashinfer-exact with a given encode scale), and a
  * device-to-device copy of `bytes` (the bandwidth the quantize kernel is measured against). */
 fp4d_status fp4d_cuda_bench_quantize(int device, fp4d_dtype src_type, int64_t rows, int64_t cols,
                                      fp4d_scale_layout layout, int repeats, fp4d_bench_result *out);
 fp4d_status fp4d_cuda_bench_copy(int device, size_t bytes, int repeats, fp4d_bench_result *out);
+/* Reading `bytes` once with a kernel that does nothing else (copies rotated past L2): the
+ * floor for a GEMM that must stream that many weight bytes. */
+fp4d_status fp4d_cuda_bench_read(int device, size_t bytes, int repeats, fp4d_bench_result *out);
 
 #ifdef __cplusplus
 }
