@@ -410,6 +410,17 @@ static void test_cuda_fused_dense(void **state)
     unsetenv("FP4DOCTOR_CUDA_WG_DENSE_MIN_M");
 }
 
+/* On sm_90a the packed-weight route decodes the weights into the wgmma register operand; the
+ * same sweep through its predecessor, which dequantizes into shared memory (kept as an A/B
+ * switch). Elsewhere: the fused path again. */
+static void test_cuda_fused_smem_dequant(void **state)
+{
+    (void)state;
+    setenv("FP4DOCTOR_CUDA_WG_RS", "0", 1);
+    fused_sweep("fused (shared-memory dequantization)");
+    unsetenv("FP4DOCTOR_CUDA_WG_RS");
+}
+
 /* Split-K of the fused kernel (M = 128 over 2 N tiles: 16 K splits) is bit-identical run to run. */
 static void test_cuda_fused_deterministic(void **state)
 {
@@ -614,6 +625,7 @@ int main(void)
         cmocka_unit_test(test_cuda_gemv),
         cmocka_unit_test(test_cuda_fused),
         cmocka_unit_test(test_cuda_fused_dense),
+        cmocka_unit_test(test_cuda_fused_smem_dequant),
         cmocka_unit_test(test_cuda_fused_deterministic),
         cmocka_unit_test(test_cuda_grouped),
         cmocka_unit_test(test_cuda_wa),

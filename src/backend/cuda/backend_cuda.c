@@ -48,6 +48,7 @@ typedef struct cuda_ctx {
     fp4d_devbuf  wa, wb;                 /* dense working copies */
     fp4d_devbuf  params;                 /* skinny work items, pointer tables, alphas */
     fp4d_devbuf  partials, counters;     /* split-K scratch (counters stay zero between launches) */
+    fp4d_devbuf  aperm;                  /* k-permuted activations of the register-decode wgmma kernel */
     fp4d_devbuf  amax;
 } cuda_ctx;
 
@@ -321,9 +322,14 @@ static fp4d_status run_fused(cuda_ctx *c, const dev_gemm *g)
                           "cuda: wgmma GEMM");
             continue;
         }
+        /* room for the k-permuted activations of the register-decode wgmma kernel (without it
+         * the other kernels run) */
+        void *scratch = fp4d_devbuf_reserve(&c->aperm, (size_t)(r1 - r0) * (size_t)g->k * esz, false) == FP4D_STATUS_OK
+                            ? c->aperm.ptr
+                            : NULL;
         FP4D_CUDA_TRY(fp4d_cuda_fused_gemm(d, a_rows, g->b_codes[e], g->b_scales[e], g->b_layout, r1 - r0, g->n, g->k,
                                            g->alpha[e], g->out_type, o, splits, splits > 1 ? c->partials.ptr : NULL,
-                                           splits > 1 ? c->counters.ptr : NULL, c->stream),
+                                           splits > 1 ? c->counters.ptr : NULL, scratch, c->stream),
                       "cuda: fused GEMM");
     }
     return FP4D_STATUS_OK;
@@ -391,7 +397,7 @@ static void cuda_free(void *ctx)
     cudaSetDevice(c->device);
     if (c->stream) cudaStreamSynchronize(c->stream);
     fp4d_devbuf *bufs[] = {&c->a, &c->a_sc, &c->b, &c->b_sc, &c->out, &c->wa, &c->wb,
-                           &c->params, &c->partials, &c->counters, &c->amax};
+                           &c->params, &c->partials, &c->counters, &c->amax, &c->aperm};
     for (size_t i = 0; i < FP4D_ARRAY_LEN(bufs); i++) fp4d_devbuf_free(bufs[i]);
     if (c->stream) cudaStreamDestroy(c->stream);
     free(c);

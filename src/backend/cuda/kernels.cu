@@ -1520,6 +1520,86 @@ __device__ __forceinline__ void wgmma_m64n256k16_f16(float (&d)[128], uint64_t d
                  : "l"(da), "l"(db), "r"(1));
 }
 
+__device__ __forceinline__ void wgmma_rs_m64n64k16_bf16(float (&d)[32], const uint32_t (&a)[4], uint64_t db)
+{
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+}
+
+__device__ __forceinline__ void wgmma_rs_m64n64k16_f16(float (&d)[32], const uint32_t (&a)[4], uint64_t db)
+{
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
+                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+}
+
+__device__ __forceinline__ void wgmma_rs_m64n128k16_bf16(float (&d)[64], const uint32_t (&a)[4], uint64_t db)
+{
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+}
+
+__device__ __forceinline__ void wgmma_rs_m64n128k16_f16(float (&d)[64], const uint32_t (&a)[4], uint64_t db)
+{
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
+                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+}
+
+__device__ __forceinline__ void wgmma_rs_m64n256k16_bf16(float (&d)[128], const uint32_t (&a)[4], uint64_t db)
+{
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 "
+                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, {%128, %129, %130, %131}, %132, p, 1, 1, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+}
+
+__device__ __forceinline__ void wgmma_rs_m64n256k16_f16(float (&d)[128], const uint32_t (&a)[4], uint64_t db)
+{
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16 "
+                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, {%128, %129, %130, %131}, %132, p, 1, 1, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+}
+
+template <bool F16, int TOK>
+__device__ __forceinline__ void wgmma_rs(float (&d)[TOK / 2], const uint32_t (&a)[4], uint64_t db)
+{
+    if constexpr (TOK == 64) {
+        if (F16) wgmma_rs_m64n64k16_f16(d, a, db);
+        else wgmma_rs_m64n64k16_bf16(d, a, db);
+    } else if constexpr (TOK == 128) {
+        if (F16) wgmma_rs_m64n128k16_f16(d, a, db);
+        else wgmma_rs_m64n128k16_bf16(d, a, db);
+    } else {
+        if (F16) wgmma_rs_m64n256k16_f16(d, a, db);
+        else wgmma_rs_m64n256k16_bf16(d, a, db);
+    }
+}
+/* keeps registers the async wgmmas read (or write) allocated up to this point */
+template <int N> __device__ __forceinline__ void wg_fence_regs(uint32_t (&r)[N])
+{
+#pragma unroll
+    for (int i = 0; i < N; i++) asm volatile("" : "+r"(r[i])::"memory");
+}
+template <int N> __device__ __forceinline__ void wg_fence_regs(float (&r)[N])
+{
+#pragma unroll
+    for (int i = 0; i < N; i++) asm volatile("" : "+f"(r[i])::"memory");
+}
+
 /* K-major, 128-byte-swizzled operand at a 1024-aligned shared address: stride 1024 bytes
  * between 8-row groups, leading offset unused (1), swizzle mode 1 (128 B) */
 __device__ __forceinline__ uint64_t wg_desc(uint32_t saddr)
@@ -1600,14 +1680,15 @@ __device__ __forceinline__ void consumer_bar_sync() { asm volatile("bar.sync 1, 
  * sum whichever split is last, so the result is deterministic - and goes on to store the
  * output; it also resets the counter. Returns false for the splits that only stored. Called
  * by the 256 consumer threads (named barrier 1), `flag` in shared memory. */
-__device__ __forceinline__ bool wg_splitk_last(const fused_args &p, float (&acc)[128], int64_t tile, int split,
+template <int NACC>
+__device__ __forceinline__ bool wg_splitk_last(const fused_args &p, float (&acc)[NACC], int64_t tile, int split,
                                                uint32_t *flag)
 {
     const int tid = threadIdx.x;
-    float *base = p.partials + tile * (int64_t)p.splits * (128 * 256);
-    float *mine = base + (int64_t)split * (128 * 256);
+    float *base = p.partials + tile * (int64_t)p.splits * (NACC * 256);
+    float *mine = base + (int64_t)split * (NACC * 256);
 #pragma unroll
-    for (int i = 0; i < 128; i++) __stcg(mine + i * 256 + tid, acc[i]);
+    for (int i = 0; i < NACC; i++) __stcg(mine + i * 256 + tid, acc[i]);
     __threadfence();
     consumer_bar_sync();
     if (tid == 0) *flag = atomicAdd(p.counters + tile, 1u);
@@ -1617,11 +1698,11 @@ __device__ __forceinline__ bool wg_splitk_last(const fused_args &p, float (&acc)
     if (!last) return false;
     __threadfence();
 #pragma unroll
-    for (int i = 0; i < 128; i++) acc[i] = __ldcg(base + i * 256 + tid);
+    for (int i = 0; i < NACC; i++) acc[i] = __ldcg(base + i * 256 + tid);
     for (int sp = 1; sp < p.splits; sp++) {
-        const float *src = base + (int64_t)sp * (128 * 256);
+        const float *src = base + (int64_t)sp * (NACC * 256);
 #pragma unroll
-        for (int i = 0; i < 128; i++) acc[i] += __ldcg(src + i * 256 + tid);
+        for (int i = 0; i < NACC; i++) acc[i] += __ldcg(src + i * 256 + tid);
     }
     if (tid == 0) p.counters[tile] = 0;
     return true;
@@ -1903,6 +1984,210 @@ __global__ void __launch_bounds__(WGT_THREADS, 1)
     (void)p;
     __trap();
 #endif
+}
+
+/* ---------------------------------------------------------------------------------------
+ * wgmma GEMM with the weights decoded straight into registers (sm_90a, M below the dense route)
+ *
+ * wg_kernel<.., false> dequantizes each k tile of weights into a shared-memory bf16 tile that
+ * both warpgroups' wgmmas then read: the dequantization's ALU work, its stores and the wgmma
+ * reads of that tile left ~3000 cycles per k tile against ~1000 of tensor work at M = 128.
+ * Here the weights are the wgmma A operand in registers (the RS form): each warp streams the
+ * codes of its weight rows with cp.async into its own small shared-memory ring, 3 k tiles
+ * ahead (16 bytes per row and k tile for a lane pair t, t ^ 1), each thread decodes its A
+ * fragments with the single-shift pair decode and the folded scale, and only the activations
+ * (the B operand, tokens x k) sit in shared memory, brought by TMA in a ring of stages with
+ * full/empty mbarriers (thread 0 refills a stage once both warpgroups released it). The
+ * activations are k-permuted once per call
+ * (wgr_permute_kernel) so that the k positions of a thread's A fragment are exactly the code
+ * pairs it decodes: in k16 step s of a 64-k tile, lane t takes code word s + 4 (t >> 1) of its
+ * rows and from it pairs 2 (t & 1) (fragment k 2t, 2t+1) and 2 (t & 1) + 1 (k 2t+8, 2t+9).
+ * CTA: 128 weight rows (64 per consumer warpgroup) x TOK tokens; accumulators are weight rows x
+ * tokens, so the output is stored transposed. Split-K as in the other wgmma kernels.
+ * ------------------------------------------------------------------------------------- */
+
+constexpr int WGR_ROWS = 128, WGR_THREADS = 256, WGR_STAGES = 4;
+
+/* k position q (0..63) of a k tile in the permuted activations holds activation k wgr_kmap(q) */
+__host__ __device__ constexpr int wgr_kmap(int q)
+{
+    return 8 * ((q >> 4) + 4 * (((q & 7) >> 1) >> 1)) + 2 * (((q & 7) >> 1) & 1) + ((q & 15) >= 8 ? 1 : 0) + 4 * (q & 1);
+}
+
+template <typename T>
+__global__ void wgr_permute_kernel(const T *__restrict__ src, T *__restrict__ dst, int64_t rows, int64_t k)
+{
+    /* one thread per 8 outputs: one 16-byte store */
+    const int64_t groups = rows * (k / 8);
+    for (int64_t gi = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; gi < groups; gi += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t row = gi / (k / 8), q0 = (gi % (k / 8)) * 8, tile = q0 / 64 * 64;
+        const T *in = src + row * k + tile;
+        T v[8];
+#pragma unroll
+        for (int i = 0; i < 8; i++) v[i] = in[wgr_kmap((int)(q0 - tile) + i)];
+        *(uint4 *)(dst + row * k + q0) = *(const uint4 *)v;
+    }
+}
+
+/* 256 threads, no producer warp: thread 0 issues the activation TMA. A ninth warp would make
+ * the block allocate registers for 12 warps (they go by 4), capping a thread at 168 - too few
+ * for 64-128 accumulators, two A fragment sets and the weight ring. */
+template <bool F16, int TOK>
+__global__ void __launch_bounds__(WGR_THREADS, 1) wgr_kernel(const __grid_constant__ CUtensorMap map_a, const fused_args p)
+{
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    constexpr int NACC = TOK / 2, STAGE_BYTES = TOK * WG_BK * 2;
+    extern __shared__ __align__(16) uint8_t wgr_smem_raw[];
+    const uint32_t raw_s = (uint32_t)__cvta_generic_to_shared(wgr_smem_raw);
+    const uint32_t base_s = (raw_s + 1023u) & ~1023u;
+    uint32_t *lut = (uint32_t *)(wgr_smem_raw + (base_s - raw_s) + WGR_STAGES * STAGE_BYTES);
+    const uint32_t lut_s = base_s + WGR_STAGES * STAGE_BYTES;
+    const uint32_t bars = lut_s + 256 * 4; /* full[s], then empty[s] */
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+
+    const int64_t n0 = (int64_t)blockIdx.x * WGR_ROWS, tok0 = (int64_t)blockIdx.z * TOK;
+    const int64_t ktiles = p.k / WG_BK;
+    const int64_t kt0 = (int64_t)blockIdx.y * p.ktiles_per_split;
+    const int nkt = (int)max((int64_t)0, min((int64_t)p.ktiles_per_split, ktiles - kt0));
+
+    lut[tid] = nv_scale_folded1<F16>((uint32_t)tid);
+    /* activation tile of k tile kt into its stage (thread 0) */
+    auto load_stage = [&](int kt) {
+        const int st = kt % WGR_STAGES;
+        mbar_expect_tx(bars + 8 * st, (uint32_t)STAGE_BYTES);
+        tma_load_2d(base_s + st * STAGE_BYTES, &map_a, (int)((kt0 + kt) * WG_BK), (int)tok0, bars + 8 * st);
+    };
+    if (tid == 0) {
+        for (int st = 0; st < WGR_STAGES; st++) {
+            mbar_init(bars + 8 * st, 1);                 /* full: thread 0's expect_tx */
+            mbar_init(bars + 8 * (WGR_STAGES + st), 2);  /* empty: one arrival per warpgroup */
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+        for (int kt = 0; kt < WGR_STAGES - 1 && kt < nkt; kt++) load_stage(kt);
+    }
+    __syncthreads();
+
+    /* consumer: weight rows r_lo = n0 + 16 warp + g and r_lo + 8 (warp 0..7 over both
+     * warpgroups: rows 64 wgi + 16 (warp % 4) + ..), lane t = lane % 4 */
+    const int g = lane >> 2, t = lane & 3;
+    const int64_t C = p.k / 16;
+    const int64_t r_lo = n0 + 16 * warp + g, r_hi = r_lo + 8;
+    const int64_t rc_lo = min(r_lo, p.n - 1), rc_hi = min(r_hi, p.n - 1); /* clamped: computed, never stored */
+    const uint8_t *w_src[2] = {p.codes + rc_lo * (p.k / 2) + kt0 * (WG_BK / 2) + 16 * (t >> 1),
+                               p.codes + rc_hi * (p.k / 2) + kt0 * (WG_BK / 2) + 16 * (t >> 1)};
+    const uint8_t *s_src[2] = {p.scales + scale_row_off(p.layout, C, rc_lo) + scale_col_off(p.layout, kt0 * (WG_BK / 16)),
+                               p.scales + scale_row_off(p.layout, C, rc_hi) + scale_col_off(p.layout, kt0 * (WG_BK / 16))};
+    const int64_t s_step = scale_col_off(p.layout, WG_BK / 16);
+    const int shift = 8 * (t & 1);        /* pairs 2 (t & 1), +1 of a word = pairs 0, 1 of word >> shift */
+    const int sbyte = 8 * (2 * (t >> 1)); /* scale byte of k16 steps 0, 1 (+8 bits for steps 2, 3) */
+
+    /* ring of k tiles in flight + 1 for this warp's weights, in shared memory: a wgmma fence
+     * waits for every register write in flight, so loads straight into registers would make
+     * each k tile wait out the DRAM latency of the prefetch issued just before it. cp.async
+     * does not: per stage and row group g, lane t copies the 16-byte chunk t >> 1 of row
+     * r_lo / r_hi (t & 1) - the chunk its partner lane t ^ 1 also decodes - and lanes t < 2 the
+     * scale word of that row. */
+    constexpr int DEPTH = 4, WSTAGE = 8 * 64 + 8 * 8; /* bytes per warp and stage: codes, scales */
+    const uint32_t wring = base_s + WGR_STAGES * STAGE_BYTES + 256 * 4 + 2 * WGR_STAGES * 8 + warp * DEPTH * WSTAGE;
+    auto issue = [&](int kt, int d) {
+        __syncwarp(); /* every lane of the warp has read the stage this overwrites */
+        if (kt < nkt) {
+            const uint32_t st = wring + d * WSTAGE;
+            const int rs = t & 1;
+            const uint8_t *wsrc = rs ? w_src[1] : w_src[0], *ssrc = rs ? s_src[1] : s_src[0]; /* no local array */
+            cp_async_16(st + g * 64 + rs * 32 + (t >> 1) * 16, wsrc + (int64_t)kt * (WG_BK / 2), true);
+            if (t < 2) cp_async_4(st + 512 + g * 8 + rs * 4, ssrc + kt * s_step, true);
+        }
+        cp_async_commit(); /* one group per k tile, empty past the end: the wait count stays fixed */
+    };
+#pragma unroll
+    for (int d = 0; d < DEPTH - 1; d++) issue(d, d);
+
+    float acc[NACC];
+#pragma unroll
+    for (int i = 0; i < NACC; i++) acc[i] = 0.0f;
+    uint32_t af[2][4][4]; /* A fragments of 4 k16 steps, double-buffered across k tiles */
+
+    /* one k tile into fragment set `a` (a compile-time choice of the caller), ring slot `slot` */
+    auto step = [&](int kt, int slot, uint32_t (&a)[4][4]) {
+        cp_async_wait<DEPTH - 1>(); /* this lane's copies of k tile kt have landed */
+        __syncwarp();               /* and its partner's */
+        const uint32_t ws = wring + slot * WSTAGE;
+        const uint4 cl = lds128(ws + g * 64 + (t >> 1) * 16), ch = lds128(ws + g * 64 + 32 + (t >> 1) * 16);
+        const uint32_t sc[2] = {lds32(ws + 512 + g * 8), lds32(ws + 512 + g * 8 + 4)};
+        uint32_t s2[2][2];
+#pragma unroll
+        for (int r = 0; r < 2; r++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) s2[r][h] = lut[(sc[r] >> (sbyte + 8 * h)) & 0xFFu];
+#pragma unroll
+        for (int s = 0; s < 4; s++) {
+            const uint32_t wl = (s == 0 ? cl.x : s == 1 ? cl.y : s == 2 ? cl.z : cl.w) >> shift;
+            const uint32_t wh = (s == 0 ? ch.x : s == 1 ? ch.y : s == 2 ? ch.z : ch.w) >> shift;
+            a[s][0] = mul2<F16>(e2m1_pair_raw<F16>(wl, 0), s2[0][s >> 1]);
+            a[s][1] = mul2<F16>(e2m1_pair_raw<F16>(wh, 0), s2[1][s >> 1]);
+            a[s][2] = mul2<F16>(e2m1_pair_raw<F16>(wl, 1), s2[0][s >> 1]);
+            a[s][3] = mul2<F16>(e2m1_pair_raw<F16>(wh, 1), s2[1][s >> 1]);
+        }
+        const int st = kt % WGR_STAGES;
+        mbar_wait(bars + 8 * st, (kt / WGR_STAGES) & 1);
+        const uint32_t sb = base_s + st * STAGE_BYTES;
+        wg_fence();
+#pragma unroll
+        for (int s = 0; s < 4; s++) wgmma_rs<F16, TOK>(acc, a[s], wg_desc(sb + 32 * s));
+        wg_commit();
+    };
+
+    /* unrolled by the ring depth (even), so that ring slots and fragment sets are registers */
+    for (int kt = 0; kt < nkt; kt += DEPTH) {
+#pragma unroll
+        for (int h = 0; h < DEPTH; h++) {
+            const int k = kt + h;
+            if (k < nkt) {
+                issue(k + DEPTH - 1, (h + DEPTH - 1) % DEPTH);
+                step(k, h, af[h & 1]);
+                wg_wait<1>(); /* k - 1's wgmmas are done: its fragments and stage are free */
+#pragma unroll
+                for (int s = 0; s < 4; s++) wg_fence_regs(af[(h & 1) ^ 1][s]);
+                if (k > 0 && (tid & 127) == 0) mbar_arrive(bars + 8 * (WGR_STAGES + (k - 1) % WGR_STAGES));
+                /* refill k - 1's stage with k tile k + STAGES - 1 once both warpgroups let it go */
+                if (tid == 0 && k + WGR_STAGES - 1 < nkt) {
+                    if (k > 0) mbar_wait(bars + 8 * (WGR_STAGES + (k - 1) % WGR_STAGES), ((k - 1) / WGR_STAGES) & 1);
+                    load_stage(k + WGR_STAGES - 1);
+                }
+            }
+        }
+    }
+    wg_wait<0>();
+#pragma unroll
+    for (int s = 0; s < 4; s++) {
+        wg_fence_regs(af[0][s]);
+        wg_fence_regs(af[1][s]);
+    }
+    wg_fence_regs(acc);
+
+    __shared__ uint32_t splitk_flag;
+    if (p.splits > 1 &&
+        !wg_splitk_last(p, acc, (int64_t)blockIdx.z * gridDim.x + blockIdx.x, blockIdx.y, &splitk_flag))
+        return;
+    /* accumulator i: token block i / 4, weight row r_lo (+8 when i % 4 >= 2), token
+     * 8 (i / 4) + 2t (+1 for odd i): out[token, row], stored transposed */
+    const float scale = p.alpha * 128.0f;
+#pragma unroll
+    for (int i = 0; i < NACC; i++) {
+        const int64_t row = (i & 2) ? r_hi : r_lo, tok = tok0 + 8 * (i >> 2) + 2 * t + (i & 1);
+        if (row < p.n && tok < p.m) store_out(p.out_type, p.out, tok * p.n + row, acc[i] * scale);
+    }
+#else
+    (void)map_a;
+    (void)p;
+    __trap();
+#endif
+}
+
+template <int TOK> constexpr int wgr_smem()
+{
+    return WGR_STAGES * TOK * WG_BK * 2 + 256 * 4 + 2 * WGR_STAGES * 8 + 8 * 4 * (8 * 64 + 8 * 8) + 1024;
 }
 
 __global__ void fused_reduce_kernel(const float *__restrict__ partials, int splits, size_t count, float alpha,
@@ -2647,9 +2932,21 @@ static int32_t fused_splits_model(int64_t m, int64_t n, int64_t k, int sm_count,
     return (int32_t)best;
 }
 
+/* Packed-weight wgmma route: weights decoded into the register A operand (wgr_kernel) unless
+ * FP4DOCTOR_CUDA_WG_RS=0 (the shared-memory dequantizing wg_kernel, for A/B timing). */
+static bool wgr_enabled(void)
+{
+    const char *env = getenv("FP4DOCTOR_CUDA_WG_RS");
+    return !env || atoi(env) != 0;
+}
+/* tokens per wgr_kernel CTA: the smallest of 64, 128, 256 that holds M (larger M: 256-token tiles) */
+static int wgr_tok(int64_t m) { return m <= 64 ? 64 : m <= 128 ? 128 : 256; }
+
 extern "C" int32_t fp4d_cuda_fused_splits(int64_t m, int64_t n, int64_t k, int sm_count)
 {
-    if (wg_active()) return fused_splits_model(m, n, k, sm_count, WG_BM, WG_BN, 1);
+    if (wg_active())
+        return wgr_enabled() ? fused_splits_model(m, n, k, sm_count, wgr_tok(m), WGR_ROWS, 1)
+                             : fused_splits_model(m, n, k, sm_count, WG_BM, WG_BN, 1);
     /* time model in k tiles: waves * (k tiles per split), plus half a k tile per split for
      * writing and reducing its partial sums; at least 4 k tiles (256 k) per split. A wave
      * cut short costs a whole wave (M=128, N=14336 on 132 SMs: 2 splits = 224 CTAs in one
@@ -2695,11 +2992,16 @@ static bool encode_kmajor_map(CUtensorMap *map, const void *base, int64_t rows, 
 extern "C" void fp4d_cuda_fused_scratch(int64_t m, int64_t n, int32_t splits, size_t *partial_floats,
                                         size_t *counter_count)
 {
-    /* mma.sync kernel: [splits, M, N]; wgmma kernels: splits x 128 x 256 per output tile */
+    /* mma.sync kernel: [splits, M, N]; wg_kernel / wgt_kernel: splits x 128 x 256 per output
+     * tile; wgr_kernel: splits x 128 x TOK per (weight rows, tokens) tile - room for any */
     const size_t tiles = (size_t)((m + WG_BM - 1) / WG_BM) * (size_t)((n + WG_BN - 1) / WG_BN);
-    const size_t flat = (size_t)splits * (size_t)m * (size_t)n, tiled = tiles * (size_t)splits * WG_BM * WG_BN;
-    *partial_floats = splits > 1 ? (flat > tiled ? flat : tiled) : 0;
-    *counter_count = splits > 1 ? tiles : 0;
+    const size_t tok = (size_t)wgr_tok(m), tiles_r = (size_t)((n + WGR_ROWS - 1) / WGR_ROWS) * (((size_t)m + tok - 1) / tok);
+    const size_t flat = (size_t)splits * (size_t)m * (size_t)n, tiled = tiles * (size_t)splits * WG_BM * WG_BN,
+                 tiled_r = tiles_r * (size_t)splits * WGR_ROWS * tok;
+    size_t most = flat > tiled ? flat : tiled;
+    if (tiled_r > most) most = tiled_r;
+    *partial_floats = splits > 1 ? most : 0;
+    *counter_count = splits > 1 ? (tiles > tiles_r ? tiles : tiles_r) : 0;
 }
 
 extern "C" int fp4d_cuda_dense_wgmma(int op_type, const void *a, const void *w, int64_t m, int64_t n, int64_t k,
@@ -2743,9 +3045,20 @@ extern "C" int fp4d_cuda_dense_wgmma(int op_type, const void *a, const void *w, 
     return (int)cudaGetLastError(); /* split-K is reduced inside the kernels */
 }
 
+template <bool F16, int TOK>
+static int launch_wgr(const CUtensorMap &map, const fused_args &p, int64_t m, cudaStream_t s)
+{
+    void (*kern)(const CUtensorMap, const fused_args) = wgr_kernel<F16, TOK>;
+    const cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, wgr_smem<TOK>());
+    if (e != cudaSuccess) return (int)e;
+    const dim3 grid((unsigned)((p.n + WGR_ROWS - 1) / WGR_ROWS), (unsigned)p.splits, (unsigned)((m + TOK - 1) / TOK));
+    kern<<<grid, WGR_THREADS, wgr_smem<TOK>(), s>>>(map, p);
+    return (int)cudaGetLastError();
+}
+
 extern "C" int fp4d_cuda_fused_gemm(int op_type, const void *a, const uint8_t *codes, const uint8_t *scales,
                                     int layout, int64_t m, int64_t n, int64_t k, float alpha, int out_type, void *out,
-                                    int32_t splits, float *partials, uint32_t *counters, void *stream)
+                                    int32_t splits, float *partials, uint32_t *counters, void *a_scratch, void *stream)
 {
     cudaStream_t s = (cudaStream_t)stream;
     if (m == 0 || n == 0) return cudaSuccess;
@@ -2760,6 +3073,21 @@ extern "C" int fp4d_cuda_fused_gemm(int op_type, const void *a, const uint8_t *c
         if (splits > 1 && !counters) return (int)cudaErrorInvalidValue;
         fused_args p = {(const uint16_t *)a, codes, scales, layout, m, n, k, alpha, out_type, out,
                         splits, (int32_t)((ktiles_all + splits - 1) / splits), partials, counters};
+        /* weights decoded into registers: activations k-permuted into a_scratch (M x K, 16-bit),
+         * brought by TMA from there */
+        CUtensorMap map_p;
+        const int tok = wgr_tok(m);
+        if (wgr_enabled() && a_scratch && (uintptr_t)a_scratch % 16 == 0 && m < INT32_MAX && k < INT32_MAX &&
+            encode_kmajor_map(&map_p, a_scratch, m, k, (uint32_t)tok, f16)) {
+            const int64_t groups = m * (k / 8);
+            if (f16) wgr_permute_kernel<__half><<<grid_for(groups, 256), 256, 0, s>>>((const __half *)a, (__half *)a_scratch, m, k);
+            else wgr_permute_kernel<__nv_bfloat16><<<grid_for(groups, 256), 256, 0, s>>>((const __nv_bfloat16 *)a, (__nv_bfloat16 *)a_scratch, m, k);
+            const cudaError_t pe = cudaGetLastError();
+            if (pe != cudaSuccess) return (int)pe;
+            if (tok == 64) return f16 ? launch_wgr<true, 64>(map_p, p, m, s) : launch_wgr<false, 64>(map_p, p, m, s);
+            if (tok == 128) return f16 ? launch_wgr<true, 128>(map_p, p, m, s) : launch_wgr<false, 128>(map_p, p, m, s);
+            return f16 ? launch_wgr<true, 256>(map_p, p, m, s) : launch_wgr<false, 256>(map_p, p, m, s);
+        }
         const int64_t tiles = ((m + WG_BM - 1) / WG_BM) * ((n + WG_BN - 1) / WG_BN);
         if (tiles > INT32_MAX || splits > 65535) return (int)cudaErrorInvalidConfiguration;
         wk<<<dim3((unsigned)tiles, (unsigned)splits), WG_THREADS, WG_SMEM, s>>>(p);

@@ -57,6 +57,8 @@ int fp4d_cuda_tiled_gemm(int op_type, const void *a, const void *b, int64_t m, i
  * out[m, n] = alpha * sum_k A[m, k] * B[n, k]; A [M, K] row-major of op_type (BF16 or F16),
  * B NVFP4 codes [N, K/2] + block scales in `layout`; K % 64 == 0, pointers 16-byte aligned
  * (scales 4-byte aligned). f32 accumulation, output F32/BF16/F16 rounded once after alpha.
+ * a_scratch: M x K 16-bit elements (16-byte aligned) for the k-permuted activations of the
+ * sm_90a kernel that decodes the weights into registers; NULL takes the other kernels.
  * splits > 1 (from fp4d_cuda_fused_splits) needs the scratch fp4d_cuda_fused_scratch sizes:
  * partials, and counters that are zero before the launch (the kernels leave them zero);
  * splits are reduced in a fixed order (deterministic). */
@@ -66,7 +68,7 @@ void fp4d_cuda_fused_scratch(int64_t m, int64_t n, int32_t splits, size_t *parti
 int fp4d_cuda_fused_available(int device);
 int fp4d_cuda_fused_gemm(int op_type, const void *a, const uint8_t *codes, const uint8_t *scales, int layout,
                          int64_t m, int64_t n, int64_t k, float alpha, int out_type, void *out, int32_t splits,
-                         float *partials, uint32_t *counters, void *stream);
+                         float *partials, uint32_t *counters, void *a_scratch, void *stream);
 
 /* ---- wgmma GEMM on dequantized weights (sm_90a, large M) ------------------------------
  * out[m, n] = alpha * sum_k A[m, k] * W[n, k], A [M, K] and W [N, K] row-major of op_type
