@@ -2033,7 +2033,8 @@ __global__ void wgr_permute_kernel(const T *__restrict__ src, T *__restrict__ ds
  * the block allocate registers for 12 warps (they go by 4), capping a thread at 168 - too few
  * for 64-128 accumulators, two A fragment sets and the weight ring. */
 template <bool F16, int TOK>
-__global__ void __launch_bounds__(WGR_THREADS, 1) wgr_kernel(const __grid_constant__ CUtensorMap map_a, const fused_args p)
+__global__ void __launch_bounds__(WGR_THREADS, TOK == 64 ? 2 : 1)
+    wgr_kernel(const __grid_constant__ CUtensorMap map_a, const fused_args p)
 {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
     constexpr int NACC = TOK / 2, STAGE_BYTES = TOK * WG_BK * 2;
@@ -2939,13 +2940,15 @@ static bool wgr_enabled(void)
     const char *env = getenv("FP4DOCTOR_CUDA_WG_RS");
     return !env || atoi(env) != 0;
 }
-/* tokens per wgr_kernel CTA: the smallest of 64, 128, 256 that holds M (larger M: 256-token tiles) */
+/* tokens per wgr_kernel CTA: the smallest of 64, 128, 256 that holds M (larger M: 256-token
+ * tiles); 64-token CTAs fit two per SM. Measured at M = 128: one 128-token CTA per weight
+ * tile beat two 64-token ones (which stream the weights twice) by 1.3x. */
 static int wgr_tok(int64_t m) { return m <= 64 ? 64 : m <= 128 ? 128 : 256; }
 
 extern "C" int32_t fp4d_cuda_fused_splits(int64_t m, int64_t n, int64_t k, int sm_count)
 {
     if (wg_active())
-        return wgr_enabled() ? fused_splits_model(m, n, k, sm_count, wgr_tok(m), WGR_ROWS, 1)
+        return wgr_enabled() ? fused_splits_model(m, n, k, sm_count, wgr_tok(m), WGR_ROWS, wgr_tok(m) == 64 ? 2 : 1)
                              : fused_splits_model(m, n, k, sm_count, WG_BM, WG_BN, 1);
     /* time model in k tiles: waves * (k tiles per split), plus half a k tile per split for
      * writing and reducing its partial sums; at least 4 k tiles (256 k) per split. A wave
