@@ -575,12 +575,44 @@ static fp4d_status bench_call(void *state, int copy)
     return run_dense(s->c, &s->g[copy], s->path);
 }
 
+/* The benchmarks outside the GEMM interface share their frame: a context of their own on
+ * `device` (stored in *ctx_slot, a field of `state`), a `prepare` step that puts the operands in
+ * it (and may ask for rotated copies), the timed calls, and the context closed again whatever
+ * happened. */
+typedef fp4d_status (*bench_prepare_fn)(void *state, int *copies);
+
+static fp4d_status bench_in_own_context(int device, cuda_ctx **ctx_slot, void *state, bench_prepare_fn prepare,
+                                        fp4d_cuda_bench_fn call, int repeats, fp4d_bench_result *out)
+{
+    void *ctx = NULL;
+    fp4d_reason why;
+    FP4D_FORWARD_IF_ERROR(cuda_init(NULL, device, &ctx, &why));
+    cuda_ctx *c = ctx;
+    *ctx_slot = c;
+    int copies = 1;
+    fp4d_status st = prepare(state, &copies);
+    if (st == FP4D_STATUS_OK) st = fp4d_cuda_time(c->stream, call, state, copies, repeats, out);
+    cuda_free(c);
+    return st;
+}
+
 typedef struct quant_bench_state {
     cuda_ctx  *c;
     fp4d_dtype src_type;
     int64_t    rows, cols;
     int        layout;
 } quant_bench_state;
+
+static fp4d_status quant_prepare(void *state, int *copies)
+{
+    (void)copies; /* the source is larger than L2 for the sizes `fp4doctor bench` uses: no rotation */
+    quant_bench_state *s = state;
+    fp4d_status st = fp4d_cuda_make_bench_plain(s->src_type, s->rows, s->cols, 7, &s->c->a, s->c->stream);
+    if (st == FP4D_STATUS_OK) st = fp4d_devbuf_reserve(&s->c->b, (size_t)(s->rows * s->cols / 2), false);
+    if (st == FP4D_STATUS_OK)
+        st = fp4d_devbuf_reserve(&s->c->b_sc, fp4d_scale_buffer_size(s->layout, s->rows, s->cols / 16), false);
+    return st;
+}
 
 static fp4d_status quant_call(void *state, int copy)
 {
@@ -592,57 +624,57 @@ static fp4d_status quant_call(void *state, int copy)
     return FP4D_STATUS_OK;
 }
 
-/* The quantize kernel with a given (static) encode scale; the source is larger than L2
- * for the sizes `fp4doctor bench` uses, so no rotation. */
+/* The quantize kernel with a given (static) encode scale. */
 fp4d_status fp4d_cuda_bench_quantize(int device, fp4d_dtype src_type, int64_t rows, int64_t cols,
                                      fp4d_scale_layout layout, int repeats, fp4d_bench_result *out)
 {
-    void *ctx = NULL;
-    fp4d_reason why;
-    FP4D_FORWARD_IF_ERROR(cuda_init(NULL, device, &ctx, &why));
-    cuda_ctx *c = ctx;
-    quant_bench_state s = {c, src_type, rows, cols, layout};
-    fp4d_status st = fp4d_cuda_make_bench_plain(src_type, rows, cols, 7, &c->a, c->stream);
-    if (st == FP4D_STATUS_OK) st = fp4d_devbuf_reserve(&c->b, (size_t)(rows * cols / 2), false);
-    if (st == FP4D_STATUS_OK)
-        st = fp4d_devbuf_reserve(&c->b_sc, fp4d_scale_buffer_size(layout, rows, cols / 16), false);
-    if (st == FP4D_STATUS_OK) st = fp4d_cuda_time(c->stream, quant_call, &s, 1, repeats, out);
-    cuda_free(c);
-    return st;
+    quant_bench_state s = {NULL, src_type, rows, cols, layout};
+    return bench_in_own_context(device, &s.c, &s, quant_prepare, quant_call, repeats, out);
 }
 
 typedef struct copy_bench_state {
-    void        *src, *dst;
-    size_t       bytes;
-    cudaStream_t stream;
+    cuda_ctx *c;
+    size_t    bytes;
 } copy_bench_state;
+
+static fp4d_status copy_prepare(void *state, int *copies)
+{
+    (void)copies;
+    copy_bench_state *s = state;
+    fp4d_status st = fp4d_devbuf_reserve(&s->c->a, s->bytes, true);
+    if (st == FP4D_STATUS_OK) st = fp4d_devbuf_reserve(&s->c->b, s->bytes, false);
+    return st;
+}
 
 static fp4d_status copy_call(void *state, int copy)
 {
     (void)copy;
     copy_bench_state *s = state;
-    FP4D_CUDA_TRY(cudaMemcpyAsync(s->dst, s->src, s->bytes, cudaMemcpyDeviceToDevice, s->stream), "cuda: copy");
+    FP4D_CUDA_TRY(cudaMemcpyAsync(s->c->b.ptr, s->c->a.ptr, s->bytes, cudaMemcpyDeviceToDevice, s->c->stream),
+                  "cuda: copy");
     return FP4D_STATUS_OK;
 }
 
 fp4d_status fp4d_cuda_bench_copy(int device, size_t bytes, int repeats, fp4d_bench_result *out)
 {
-    void *ctx = NULL;
-    fp4d_reason why;
-    FP4D_FORWARD_IF_ERROR(cuda_init(NULL, device, &ctx, &why));
-    cuda_ctx *c = ctx;
-    fp4d_status st = fp4d_devbuf_reserve(&c->a, bytes, true);
-    if (st == FP4D_STATUS_OK) st = fp4d_devbuf_reserve(&c->b, bytes, false);
-    copy_bench_state s = {c->a.ptr, c->b.ptr, bytes, c->stream};
-    if (st == FP4D_STATUS_OK) st = fp4d_cuda_time(c->stream, copy_call, &s, 1, repeats, out);
-    cuda_free(c);
-    return st;
+    copy_bench_state s = {NULL, bytes};
+    return bench_in_own_context(device, &s.c, &s, copy_prepare, copy_call, repeats, out);
 }
 
 typedef struct read_bench_state {
     cuda_ctx *c;
     size_t    bytes, stride;
 } read_bench_state;
+
+static fp4d_status read_prepare(void *state, int *copies)
+{
+    read_bench_state *s = state;
+    /* rotated like the GEMM benchmark's weight copies, so that L2 serves none of it */
+    *copies = fp4d_cuda_rotation_copies(s->stride, s->c->l2_bytes);
+    fp4d_status st = fp4d_devbuf_reserve(&s->c->b, s->stride * (size_t)*copies, true);
+    if (st == FP4D_STATUS_OK) st = fp4d_devbuf_reserve(&s->c->counters, sizeof(uint32_t), true);
+    return st;
+}
 
 static fp4d_status read_call(void *state, int copy)
 {
@@ -655,19 +687,8 @@ static fp4d_status read_call(void *state, int copy)
 
 fp4d_status fp4d_cuda_bench_read(int device, size_t bytes, int repeats, fp4d_bench_result *out)
 {
-    void *ctx = NULL;
-    fp4d_reason why;
-    FP4D_FORWARD_IF_ERROR(cuda_init(NULL, device, &ctx, &why));
-    cuda_ctx *c = ctx;
-    /* rotated like the GEMM benchmark's weight copies, so that L2 serves none of it */
-    const size_t stride = align_up(bytes, 256);
-    const int copies = fp4d_cuda_rotation_copies(stride, c->l2_bytes);
-    read_bench_state s = {c, bytes & ~(size_t)15, stride};
-    fp4d_status st = fp4d_devbuf_reserve(&c->b, stride * (size_t)copies, true);
-    if (st == FP4D_STATUS_OK) st = fp4d_devbuf_reserve(&c->counters, sizeof(uint32_t), true);
-    if (st == FP4D_STATUS_OK) st = fp4d_cuda_time(c->stream, read_call, &s, copies, repeats, out);
-    cuda_free(c);
-    return st;
+    read_bench_state s = {NULL, bytes & ~(size_t)15, align_up(bytes, 256)};
+    return bench_in_own_context(device, &s.c, &s, read_prepare, read_call, repeats, out);
 }
 
 static fp4d_status cuda_bench(void *ctx, const fp4d_gemm_desc *d, int repeats, fp4d_bench_result *out)
