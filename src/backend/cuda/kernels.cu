@@ -23,15 +23,20 @@
  *  - weight-streaming decode kernel (items of <= 16 rows, K % 256 == 0: decode and small
  *    MoE): weights as the MMA A operand streamed into a register ring, activations staged
  *    once per block in B-fragment order (see the section's comment).
- *  - wgmma GEMMs (sm_90a, large M): packed weights dequantized per k tile into swizzled
- *    shared memory, or dense weights fed by TMA from a producer warp (persistent).
+ *  - wgmma GEMMs (sm_90a, M >= 32): below the dense route, packed weights decoded straight
+ *    into the register A operand (activations k-permuted once per call, TMA ring) - or, as
+ *    an A/B switch, dequantized per k tile into swizzled shared memory; from the dense route
+ *    on, dense weights fed by TMA from a producer warp (persistent). Split-K reduced in the
+ *    kernels by the last split of a tile.
+ *  - read floor: a kernel that only streams bytes, the floor `fp4doctor bench` reports.
  *  - fused GEMM (large M, NVFP4 weights, K % 64 == 0): 128x128x64 tiles, 4-stage cp.async
  *    ring of bf16/f16 activations + packed codes + scales, weights dequantized in registers
  *    right before bf16/f16 mma.sync (see the section's comment).
  *  - tiled GEMM (large M fallback): 128x128x32 tiles, 3-stage cp.async pipeline, ldmatrix,
  *    bf16 or f16 mma.sync; weights are dequantized into a dense buffer first.
  *  - simt GEMM: f32 CUDA-core fallback (f32 activations, MXFP4 with f16 activations).
- *  - quantize: flashinfer-exact NVFP4 (spec §4.2), bit-identical to fp4d_quantize.
+ *  - quantize: flashinfer-exact NVFP4 (spec §4.2), bit-identical to fp4d_quantize; a
+ *    device self-check of its e2m1 rounding over all 2^32 f32 patterns (a GPU test).
  */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
