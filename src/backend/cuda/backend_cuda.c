@@ -237,6 +237,25 @@ static fp4d_status launch_skinny(const cuda_ctx *c, const fp4d_skinny_args *args
     return FP4D_STATUS_OK;
 }
 
+/* The activations in the dense type d (element size esz): g->a itself, or all of A dequantized
+ * (FP4) or converted into c->wa (row slices of a dense matrix are trivial, unlike those of
+ * swizzled scales). */
+static fp4d_status activations_as(cuda_ctx *c, const dev_gemm *g, fp4d_dtype d, size_t esz, const void **a)
+{
+    *a = g->a;
+    if (g->a_type == d) return FP4D_STATUS_OK;
+    FP4D_FORWARD_IF_ERROR(fp4d_devbuf_reserve(&c->wa, (size_t)g->a_rows * (size_t)g->k * esz, false));
+    if (is_fp4(g->a_type)) {
+        fp4d_dev_fp4 src = {g->a, g->a_scales, g->a_rows, g->k, g->a_type, g->a_layout};
+        FP4D_CUDA_TRY(fp4d_cuda_dequantize(&src, d, c->wa.ptr, c->stream), "cuda: dequantize A");
+    } else {
+        FP4D_CUDA_TRY(fp4d_cuda_convert(g->a_type, g->a, d, c->wa.ptr, (size_t)(g->a_rows * g->k), c->stream),
+                      "cuda: convert A");
+    }
+    *a = c->wa.ptr;
+    return FP4D_STATUS_OK;
+}
+
 /* ---- dense paths --------------------------------------------------------------------- */
 
 static fp4d_status run_dense(cuda_ctx *c, const dev_gemm *g, gemm_path path)
@@ -244,20 +263,8 @@ static fp4d_status run_dense(cuda_ctx *c, const dev_gemm *g, gemm_path path)
     const fp4d_dtype d = path == PATH_SIMT ? FP4D_DTYPE_F32 : dense_type(g->a_type, g->b_format);
     const size_t esz = fp4d_dtype_get(d)->element_bits / 8;
     const size_t osz = fp4d_out_elem_size(g->out_type);
-    /* activations: whole A in the dense type (row slices of a dense matrix are trivial,
-     * unlike those of swizzled scales) */
-    const void *a = g->a;
-    if (g->a_type != d) {
-        FP4D_FORWARD_IF_ERROR(fp4d_devbuf_reserve(&c->wa, (size_t)g->a_rows * (size_t)g->k * esz, false));
-        if (is_fp4(g->a_type)) {
-            fp4d_dev_fp4 src = {g->a, g->a_scales, g->a_rows, g->k, g->a_type, g->a_layout};
-            FP4D_CUDA_TRY(fp4d_cuda_dequantize(&src, d, c->wa.ptr, c->stream), "cuda: dequantize A");
-        } else {
-            FP4D_CUDA_TRY(fp4d_cuda_convert(g->a_type, g->a, d, c->wa.ptr, (size_t)(g->a_rows * g->k), c->stream),
-                          "cuda: convert A");
-        }
-        a = c->wa.ptr;
-    }
+    const void *a = NULL;
+    FP4D_FORWARD_IF_ERROR(activations_as(c, g, d, esz, &a));
     FP4D_FORWARD_IF_ERROR(fp4d_devbuf_reserve(&c->wb, (size_t)g->n * (size_t)g->k * esz, false));
     for (int32_t e = 0; e < g->num_experts; e++) {
         const int64_t r0 = g->offsets ? g->offsets[e] : 0, r1 = g->offsets ? g->offsets[e + 1] : g->a_rows;
@@ -285,18 +292,8 @@ static fp4d_status run_fused(cuda_ctx *c, const dev_gemm *g)
     const fp4d_dtype d = dense_type(g->a_type, g->b_format);
     const size_t esz = 2;
     const size_t osz = fp4d_out_elem_size(g->out_type);
-    const void *a = g->a;
-    if (g->a_type != d) {
-        FP4D_FORWARD_IF_ERROR(fp4d_devbuf_reserve(&c->wa, (size_t)g->a_rows * (size_t)g->k * esz, false));
-        if (is_fp4(g->a_type)) {
-            fp4d_dev_fp4 src = {g->a, g->a_scales, g->a_rows, g->k, g->a_type, g->a_layout};
-            FP4D_CUDA_TRY(fp4d_cuda_dequantize(&src, d, c->wa.ptr, c->stream), "cuda: dequantize A");
-        } else {
-            FP4D_CUDA_TRY(fp4d_cuda_convert(g->a_type, g->a, d, c->wa.ptr, (size_t)(g->a_rows * g->k), c->stream),
-                          "cuda: convert A");
-        }
-        a = c->wa.ptr;
-    }
+    const void *a = NULL;
+    FP4D_FORWARD_IF_ERROR(activations_as(c, g, d, esz, &a));
     for (int32_t e = 0; e < g->num_experts; e++) {
         const int64_t r0 = g->offsets ? g->offsets[e] : 0, r1 = g->offsets ? g->offsets[e + 1] : g->a_rows;
         if (r1 == r0) continue;
