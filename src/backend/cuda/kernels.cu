@@ -2019,6 +2019,21 @@ __host__ __device__ constexpr int wgr_kmap(int q)
     return 8 * ((q >> 4) + 4 * (((q & 7) >> 1) >> 1)) + 2 * (((q & 7) >> 1) & 1) + ((q & 15) >= 8 ? 1 : 0) + 4 * (q & 1);
 }
 
+constexpr bool wgr_kmap_is_permutation()
+{
+    bool seen[64] = {};
+    for (int q = 0; q < 64; q++) {
+        const int k = wgr_kmap(q);
+        if (k < 0 || k >= 64 || seen[k]) return false;
+        seen[k] = true;
+    }
+    return true;
+}
+static_assert(wgr_kmap_is_permutation(), "the activation k permutation must reorder a 64-k tile, not lose k");
+static_assert(wgr_kmap(0) == 0 && wgr_kmap(1) == 4 && wgr_kmap(2) == 2 && wgr_kmap(8) == 1 && wgr_kmap(4) == 32 &&
+                  wgr_kmap(16) == 8,
+              "lane t's fragment positions 2t, 2t+1 | 2t+8, 2t+9 are pairs 2 (t & 1) | 2 (t & 1) + 1 of word s + 4 (t >> 1)");
+
 template <typename T>
 __global__ void wgr_permute_kernel(const T *__restrict__ src, T *__restrict__ dst, int64_t rows, int64_t k)
 {
