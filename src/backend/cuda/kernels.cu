@@ -2003,12 +2003,12 @@ __global__ void __launch_bounds__(WGT_THREADS, 1)
  * fragments with the single-shift pair decode and the folded scale, and only the activations
  * (the B operand, tokens x k) sit in shared memory, brought by TMA in a ring of stages with
  * full/empty mbarriers (thread 0 refills a stage once both warpgroups released it). The
- * activations are k-permuted once per call
- * (wgr_permute_kernel) so that the k positions of a thread's A fragment are exactly the code
- * pairs it decodes: in k16 step s of a 64-k tile, lane t takes code word s + 4 (t >> 1) of its
- * rows and from it pairs 2 (t & 1) (fragment k 2t, 2t+1) and 2 (t & 1) + 1 (k 2t+8, 2t+9).
- * CTA: 128 weight rows (64 per consumer warpgroup) x TOK tokens; accumulators are weight rows x
- * tokens, so the output is stored transposed. Split-K as in the other wgmma kernels.
+ * activations are k-permuted once per call (wgr_permute_kernel) so that the k positions of a
+ * thread's A fragment are exactly the code pairs it decodes: in k16 step s of a 64-k tile,
+ * lane t takes code word s + 4 (t >> 1) of its rows and from it pairs 2 (t & 1) (fragment k
+ * 2t, 2t+1) and 2 (t & 1) + 1 (k 2t+8, 2t+9). CTA: 128 weight rows (64 per warpgroup) x TOK
+ * tokens; accumulators are weight rows x tokens, so the output is stored transposed. Split-K
+ * as in the other wgmma kernels.
  * ------------------------------------------------------------------------------------- */
 
 constexpr int WGR_ROWS = 128, WGR_THREADS = 256, WGR_STAGES = 4;
