@@ -2365,14 +2365,17 @@ __global__ void e2m1_sweep_kernel(float s, unsigned long long *mismatches, unsig
     }
 }
 
-/* The out-scale of each e4m3 scale byte, 1 / (sfq * rcp_gs) saturated to FLT_MAX: the
- * per-block division of quantize_nvfp4_kernel, done once per CTA for all 256 bytes and then
- * looked up (the same value, so the codes stay bit-identical). */
-__device__ __forceinline__ void fill_out_scale_table(float *tab, float rcp_gs)
+/* Per-CTA setup of the bf16 quantize kernels: the out-scale of each e4m3 scale byte,
+ * 1 / (sfq * (1 / gs)) saturated to FLT_MAX - the per-block division of quantize_nvfp4_kernel,
+ * done once per CTA for all 256 bytes and then looked up (the same value, so the codes stay
+ * bit-identical) - into `tab`; returns gs / 6 as quantize_nvfp4_kernel rounds it. */
+__device__ __forceinline__ float quantize_bf16_setup(float gs, float *tab)
 {
+    const float rcp_gs = __fdiv_rn(1.0f, gs);
     for (int b = threadIdx.x; b < 256; b += blockDim.x)
         tab[b] = fminf(__fdiv_rn(1.0f, __fmul_rn(ue4m3_to_f32((uint32_t)b), rcp_gs)), FLT_MAX);
     __syncthreads();
+    return __fmul_rn(gs, __fdiv_rn(1.0f, 6.0f));
 }
 
 /*
@@ -2418,10 +2421,8 @@ __global__ void __launch_bounds__(256) quantize_bf16_b1_kernel(const uint4 *__re
                                                                float gs, int layout, uint2 *__restrict__ codes,
                                                                uint8_t *__restrict__ scales)
 {
-    const float rcp_gs = __fdiv_rn(1.0f, gs);
-    const float gs_div6 = __fmul_rn(gs, __fdiv_rn(1.0f, 6.0f));
     __shared__ float out_scale_tab[256];
-    fill_out_scale_table(out_scale_tab, rcp_gs);
+    const float gs_div6 = quantize_bf16_setup(gs, out_scale_tab);
     const int lane = threadIdx.x & 31;
     const int64_t chunks_per_row = C / 128, chunks = rows * chunks_per_row;
     const int64_t warps = (int64_t)gridDim.x * (blockDim.x / 32);
@@ -2466,10 +2467,8 @@ __global__ void __launch_bounds__(256) quantize_bf16_g4_kernel(const uint4 *__re
                                                                float gs, int layout, uint4 *__restrict__ codes,
                                                                uint8_t *__restrict__ scales)
 {
-    const float rcp_gs = __fdiv_rn(1.0f, gs);
-    const float gs_div6 = __fmul_rn(gs, __fdiv_rn(1.0f, 6.0f));
     __shared__ float out_scale_tab[256];
-    fill_out_scale_table(out_scale_tab, rcp_gs);
+    const float gs_div6 = quantize_bf16_setup(gs, out_scale_tab);
     const int64_t G = C / 4, total = rows * G;
     const int64_t first = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, step = (int64_t)gridDim.x * blockDim.x;
     const int64_t step_r = step / G, step_c = step % G;
