@@ -3152,21 +3152,23 @@ static int64_t wa_max_phases_per_block(int32_t max_rows)
     return WA_SMEM_MAX / ((int64_t)(max_rows > 0 ? max_rows : 1) * WA_PHASE * 2);
 }
 
+/* Resident blocks per multiprocessor of `kernel` at `threads` threads and `smem` bytes of dynamic
+ * shared memory (which it is allowed first); 1 when the runtime cannot say. */
+static int resident_blocks(const void *kernel, int threads, size_t smem)
+{
+    int b = 0;
+    if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) != cudaSuccess ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, kernel, threads, smem) != cudaSuccess || b < 1) {
+        (void)cudaGetLastError();
+        b = 1;
+    }
+    return b;
+}
+
 static int wa_blocks_per_sm(void)
 {
     static int cached = 0;
-    if (cached == 0) {
-        int b = 0;
-        if (cudaFuncSetAttribute(wa_kernel<AK_BF16, true, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 WA_SMEM_MAX) != cudaSuccess ||
-            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, wa_kernel<AK_BF16, true, 1>, WA_WARPS * 32,
-                                                          WA_SMEM_MAX) != cudaSuccess ||
-            b < 1) {
-            (void)cudaGetLastError();
-            b = 1;
-        }
-        cached = b;
-    }
+    if (cached == 0) cached = resident_blocks((const void *)wa_kernel<AK_BF16, true, 1>, WA_WARPS * 32, WA_SMEM_MAX);
     return cached;
 }
 
@@ -3187,18 +3189,8 @@ extern "C" void fp4d_cuda_skinny_scratch(int64_t n, int32_t num_items, int32_t s
 static int decode_blocks_per_sm(void)
 {
     static int cached = 0;
-    if (cached == 0) {
-        int b = 0;
-        if (cudaFuncSetAttribute(decode_kernel<AK_BF16, true, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 (int)DK_SMEM) != cudaSuccess ||
-            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, decode_kernel<AK_BF16, true, false>, DK_WARPS * 32,
-                                                          DK_SMEM) != cudaSuccess ||
-            b < 1) {
-            (void)cudaGetLastError();
-            b = 1;
-        }
-        cached = b;
-    }
+    if (cached == 0)
+        cached = resident_blocks((const void *)decode_kernel<AK_BF16, true, false>, DK_WARPS * 32, DK_SMEM);
     return cached;
 }
 
