@@ -1589,6 +1589,19 @@ __device__ __forceinline__ uint64_t wg_desc(uint32_t saddr)
 __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 template <int N> __device__ __forceinline__ void wg_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }
+/* The four k16 wgmmas of one 64-k tile on the K-major 128-byte-swizzled tiles at shared
+ * addresses sa (A) and sb (B), fenced and committed as one group. */
+template <bool F16> __device__ __forceinline__ void wg_ktile(float (&acc)[128], uint32_t sa, uint32_t sb)
+{
+    wg_fence();
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        if (F16) wgmma_m64n256k16_f16(acc, wg_desc(sa + 32 * k), wg_desc(sb + 32 * k));
+        else wgmma_m64n256k16_bf16(acc, wg_desc(sa + 32 * k), wg_desc(sb + 32 * k));
+    }
+    wg_commit();
+}
+
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 /* byte offset of 16-byte chunk c (0..7) of row r in a 128-byte-swizzled tile */
 __device__ __forceinline__ uint32_t wg_swz(int r, int c) { return (uint32_t)(r * 128 + ((c ^ (r & 7)) << 4)); }
@@ -1803,13 +1816,7 @@ __global__ void __launch_bounds__(WG_THREADS, 1) wg_kernel(const fused_args p)
         {
             const uint32_t sa = base_s + st * STAGE_BYTES + wgi * 64 * 128;
             const uint32_t sb = DENSE ? base_s + st * STAGE_BYTES + WG_A_BYTES : base_s + WG_B_OFFSET + bb * WG_B_BYTES;
-            wg_fence();
-#pragma unroll
-            for (int k = 0; k < 4; k++) {
-                if (F16) wgmma_m64n256k16_f16(acc, wg_desc(sa + 32 * k), wg_desc(sb + 32 * k));
-                else wgmma_m64n256k16_bf16(acc, wg_desc(sa + 32 * k), wg_desc(sb + 32 * k));
-            }
-            wg_commit();
+            wg_ktile<F16>(acc, sa, sb);
         }
         /* the previous k tile's wgmmas are done once at most this one is pending: its A stage
          * and W tile may be overwritten after every warpgroup got here */
@@ -1943,13 +1950,7 @@ __global__ void __launch_bounds__(WGT_THREADS, 1)
             const uint32_t s = g % WGT_STAGES;
             mbar_wait(bars + 8 * s, (g / WGT_STAGES) & 1);
             const uint32_t sa = base_s + s * WGD_STAGE_BYTES + wgi * 64 * 128, sb = base_s + s * WGD_STAGE_BYTES + WG_A_BYTES;
-            wg_fence();
-#pragma unroll
-            for (int k = 0; k < 4; k++) {
-                if (F16) wgmma_m64n256k16_f16(acc, wg_desc(sa + 32 * k), wg_desc(sb + 32 * k));
-                else wgmma_m64n256k16_bf16(acc, wg_desc(sa + 32 * k), wg_desc(sb + 32 * k));
-            }
-            wg_commit();
+            wg_ktile<F16>(acc, sa, sb);
             wg_wait<1>(); /* the previous stage's wgmmas have retired: hand it back */
             if (kt > 0 && (tid & 127) == 0) mbar_arrive(bars + 8 * (WGT_STAGES + (g - 1) % WGT_STAGES));
         }
