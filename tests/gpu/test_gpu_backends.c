@@ -354,6 +354,19 @@ static void test_cuda_wa(void **state)
     small_m_sweep("wa", shapes, sizeof shapes / sizeof shapes[0], "0");
 }
 
+/* The stream kernel with 3 splits forced (the planner picks 1, 2, 4 or 8 on most shapes):
+ * uneven K ranges per split, staged activations of 1..16 tokens, the fixed-order exchange. */
+static void test_cuda_wa_three_splits(void **state)
+{
+    (void)state;
+    static const int64_t shapes[][3] = {
+        {1, 300, 4096}, {5, 129, 1536}, {8, 16, 7168}, {9, 200, 1024}, {16, 257, 2560}, {3, 7, 768},
+    };
+    setenv("FP4DOCTOR_CUDA_WA_SPLITS", "3", 1);
+    small_m_sweep("wa (3 splits)", shapes, sizeof shapes / sizeof shapes[0], "0");
+    unsetenv("FP4DOCTOR_CUDA_WA_SPLITS");
+}
+
 /* The fused large-M kernel (NVFP4 weights, K % 64 == 0, M >= 32 by default): M = 32, 100,
  * 128, 129, 300 (one and several 128-row M tiles, short last tiles), N not a multiple of
  * the 128-column tile (and odd N: unpaired output stores), K = 64 (one k tile) up to 4096
@@ -629,6 +642,7 @@ int main(void)
         cmocka_unit_test(test_cuda_fused_deterministic),
         cmocka_unit_test(test_cuda_grouped),
         cmocka_unit_test(test_cuda_wa),
+        cmocka_unit_test(test_cuda_wa_three_splits),
         cmocka_unit_test(test_cuda_quantize_bit_identical),
         cmocka_unit_test(test_cuda_e2m1_rounding_exhaustive),
         cmocka_unit_test(test_cublas_bf16_gemm_sweep),

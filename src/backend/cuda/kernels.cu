@@ -923,12 +923,13 @@ __global__ void __launch_bounds__(DK_WARPS * 32, 3) decode_kernel(const fp4d_ski
  * shift decodes a pair, see e2m1_pair_raw); the staged activations use the same pairing.
  * ------------------------------------------------------------------------------------- */
 
-constexpr int WA_WARPS = 4;
+constexpr int WA_WARPS = 8;
 constexpr int WA_ROWS = WA_WARPS * 16;  /* weight rows per block */
 constexpr int WA_PHASE = 256;           /* k per phase: 128 bytes of each weight row */
 constexpr int WA_DEPTH = 3;             /* register buffers: phases in flight + 1 */
-constexpr int WA_SMEM_MAX = 48 * 1024;  /* staged activations per block */
-constexpr int WA_MIN_BLOCKS = 4;        /* resident blocks per SM the registers must allow */
+constexpr int WA_SMEM_MAX = 96 * 1024;  /* staged activations per block (two blocks per SM) */
+constexpr int WA_MIN_BLOCKS = 16 / WA_WARPS; /* resident blocks per SM the registers must allow */
+constexpr int WA_STAGE_BATCH = 8;       /* activation loads in flight per thread while staging */
 
 /* 16-byte unit of staged activations holding token m's 8-k group g8 (relative to the
  * block's first k): ordered so that lane (g, t) of a warp reads consecutive units */
@@ -1021,37 +1022,73 @@ __global__ void __launch_bounds__(WA_WARPS * 32, WA_MIN_BLOCKS) wa_kernel(const 
     for (int b = threadIdx.x; b < 256; b += blockDim.x) wa_stab[b] = BNV ? nv_scale_folded1<F16>((uint32_t)b) : mx_scale_pair((uint32_t)b);
     if (threadIdx.x == 0) wa_zero = make_uint4(0, 0, 0, 0);
     {
+        /* units of (token m, 8-k group g8): thread x takes g8 = x, x + blockDim.x, ... and
+         * every token of each, walked with running offsets (source unit, destination unit)
+         * instead of a division and a 64-bit row address per unit, with WA_STAGE_BATCH loads
+         * in flight before the first is used (one at a time, the staging was a chain of L2
+         * latencies; with the per-unit address arithmetic it was 47% of the stall samples
+         * at M = 16) */
         const int groups = nph * (WA_PHASE / 8);
         const int64_t kbase = ph0 * WA_PHASE;
+        const int row_units = (int)(K / 8); /* 16-byte (4-byte FP4) units per token row */
         const bool nva = p.a_type == FP4D_DTYPE_NVFP4;
-        for (int m = 0; m < mp; m++) {
-            const int64_t row = (int64_t)it.row0 + m;
+        const int64_t aC = K / (nva ? 16 : 32), col0 = kbase / (nva ? 16 : 32);
+        int m = 0, g8 = threadIdx.x, src = g8, dst = wa_unit(g8, 0, mp);
+        auto advance = [&]() {
+            if (++m == mp) {
+                m = 0;
+                g8 += WA_WARPS * 32;
+                src = g8;
+                dst = wa_unit(g8, 0, mp);
+            } else {
+                src += row_units;
+                dst += 4;
+            }
+        };
+        while (g8 < groups) {
+            int to[WA_STAGE_BATCH];
             if (AK == AK_FP4) {
-                const uint32_t *codes = (const uint32_t *)((const uint8_t *)p.a + row * (K / 2) + kbase / 2);
-                const int64_t aC = K / (nva ? 16 : 32);
-                const uint8_t *srow_a = p.a_scales + scale_row_off(p.a_layout, aC, row);
-                const int64_t col0 = kbase / (nva ? 16 : 32);
-                for (int g8 = threadIdx.x; g8 < groups; g8 += blockDim.x) {
-                    const uint32_t w = __ldg(codes + g8);
-                    const uint32_t sb = __ldg(srow_a + scale_col_off(p.a_layout, col0 + (nva ? g8 >> 1 : g8 >> 2)));
+                const uint32_t *codes = (const uint32_t *)((const uint8_t *)p.a + (int64_t)it.row0 * (K / 2) + kbase / 2);
+                uint32_t w[WA_STAGE_BATCH], sb[WA_STAGE_BATCH];
+#pragma unroll
+                for (int i = 0; i < WA_STAGE_BATCH; i++) {
+                    to[i] = g8 < groups ? dst : -1;
+                    if (g8 < groups) {
+                        w[i] = __ldg(codes + src);
+                        sb[i] = __ldg(p.a_scales + scale_row_off(p.a_layout, aC, (int64_t)it.row0 + m) +
+                                      scale_col_off(p.a_layout, col0 + (nva ? g8 >> 1 : g8 >> 2)));
+                    }
+                    advance();
+                }
+#pragma unroll
+                for (int i = 0; i < WA_STAGE_BATCH; i++) {
+                    if (to[i] < 0) break;
                     uint32_t o[4];
                     if (nva) {
-                        const uint32_t s2 = nv_scale_folded1<false>(sb);
+                        const uint32_t s2 = nv_scale_folded1<false>(sb[i]);
 #pragma unroll
-                        for (int i = 0; i < 4; i++) o[i] = mul2<false>(e2m1_pair_raw<false>(w, i), s2);
+                        for (int j = 0; j < 4; j++) o[j] = mul2<false>(e2m1_pair_raw<false>(w[i], j), s2);
                     } else {
-                        const uint32_t s2 = mx_scale_pair(sb);
+                        const uint32_t s2 = mx_scale_pair(sb[i]);
 #pragma unroll
-                        for (int i = 0; i < 4; i++) o[i] = mul2<false>(mul2<false>(e2m1_pair_raw<false>(w, i), pow2_126), s2);
+                        for (int j = 0; j < 4; j++) o[j] = mul2<false>(mul2<false>(e2m1_pair_raw<false>(w[i], j), pow2_126), s2);
                     }
-                    wa_act[wa_unit(g8, m, mp)] = make_uint4(o[0], o[1], o[2], o[3]);
+                    wa_act[to[i]] = make_uint4(o[0], o[1], o[2], o[3]);
                 }
             } else {
-                const uint4 *src = (const uint4 *)((const uint16_t *)p.a + row * K + kbase);
-                for (int g8 = threadIdx.x; g8 < groups; g8 += blockDim.x) {
-                    const uint4 v = __ldg(src + g8);
-                    wa_act[wa_unit(g8, m, mp)] = make_uint4(__byte_perm(v.x, v.z, 0x5410), __byte_perm(v.x, v.z, 0x7632),
-                                                            __byte_perm(v.y, v.w, 0x5410), __byte_perm(v.y, v.w, 0x7632));
+                const uint4 *units = (const uint4 *)((const uint16_t *)p.a + (int64_t)it.row0 * K + kbase);
+                uint4 v[WA_STAGE_BATCH];
+#pragma unroll
+                for (int i = 0; i < WA_STAGE_BATCH; i++) {
+                    to[i] = g8 < groups ? dst : -1;
+                    if (g8 < groups) v[i] = __ldg(units + src);
+                    advance();
+                }
+#pragma unroll
+                for (int i = 0; i < WA_STAGE_BATCH; i++) {
+                    if (to[i] < 0) break;
+                    wa_act[to[i]] = make_uint4(__byte_perm(v[i].x, v[i].z, 0x5410), __byte_perm(v[i].x, v[i].z, 0x7632),
+                                               __byte_perm(v[i].y, v[i].w, 0x5410), __byte_perm(v[i].y, v[i].w, 0x7632));
                 }
             }
         }
@@ -3176,13 +3213,18 @@ static int wa_blocks_per_sm(void)
 extern "C" void fp4d_cuda_skinny_scratch(int64_t n, int32_t num_items, int32_t splits, int32_t max_rows,
                                          size_t *partial_bytes, size_t *counter_count)
 {
-    /* enough for either kernel: skinny_kernel tiles of 32 rows, decode_kernel of 128 */
+    /* enough for any of the kernels: skinny_kernel tiles of 32 rows, decode_kernel of 128,
+     * wa_kernel of WA_ROWS (two 8-token columns per warp at most) */
     const int64_t tiles = (n + SK_BN - 1) / SK_BN * num_items;
     const int64_t dk_tiles = (n + DK_BN - 1) / DK_BN * num_items;
+    const int64_t wa_tiles = (n + WA_ROWS - 1) / WA_ROWS * num_items;
     const int mt = max_rows > 16 ? 2 : 1;
     const size_t sk = (size_t)tiles * splits * (mt * SK_NT * 4) * 32;
     const size_t dk = (size_t)dk_tiles * splits * DK_SLOTS;
-    *partial_bytes = splits > 1 ? (sk > dk ? sk : dk) * sizeof(float) : 0;
+    const size_t wa = (size_t)wa_tiles * splits * (WA_WARPS * 2 * 4 * 32);
+    size_t most = sk > dk ? sk : dk;
+    if (wa > most) most = wa;
+    *partial_bytes = splits > 1 ? most * sizeof(float) : 0;
     *counter_count = splits > 1 ? (size_t)tiles : 0;
 }
 
@@ -3207,8 +3249,13 @@ extern "C" int32_t fp4d_cuda_skinny_pick_splits(const fp4d_skinny_args *args, in
     const int32_t num_items = args->num_items, max_rows = args->max_rows;
     const int64_t sms = sm_count > 0 ? sm_count : 132;
     if (wa_kernel_applies(args)) {
-        /* blocks of 128 rows x (K / splits); run in waves of resident blocks, each costing
-         * its phases plus a start (first loads, staging) worth about two phases */
+        /* blocks of WA_ROWS rows x (K / splits). The kernel is issue-bound per SM (ncu: the
+         * main loop's stalls are "not selected" and "math"), so the time follows the most
+         * phases any SM runs - ceil(blocks / SMs) x phases per block - plus ~3 phases per
+         * extra wave of resident blocks (start and drain) and ~1.7 for the split-K exchange.
+         * Fitted to the splits sweeps of 14336x4096, 4096x14336 and 7168x18432 at M = 1..16
+         * on an H200 (e.g. one split for 14336x4096 at M <= 8: 16.6 us against 18.3 with
+         * two); ties go to more splits (more warps in flight). */
         const int64_t tiles = (n + WA_ROWS - 1) / WA_ROWS * num_items, phases = k / WA_PHASE;
         const int64_t slots = sms * wa_blocks_per_sm();
         const int64_t min_splits = (phases + wa_max_phases_per_block(max_rows) - 1) / wa_max_phases_per_block(max_rows);
@@ -3217,9 +3264,10 @@ extern "C" int32_t fp4d_cuda_skinny_pick_splits(const fp4d_skinny_args *args, in
         double best = -1.0;
         for (int64_t s = min_splits; s <= phases && s <= 64; s++) {
             if (forced && s != forced && forced >= min_splits && forced <= phases) continue;
-            const int64_t pps = (phases + s - 1) / s, waves = (tiles * s + slots - 1) / slots;
-            const double cost = (double)waves * ((double)pps + 2.0) + 0.02 * (double)s;
-            if (best < 0 || cost < best) {
+            const int64_t blocks = tiles * s, pps = (phases + s - 1) / s;
+            const int64_t waves = (blocks + slots - 1) / slots, per_sm = (blocks + sms - 1) / sms;
+            const double cost = (double)(per_sm * pps) + 3.0 * (double)(waves - 1) + (s > 1 ? 1.7 : 0.0);
+            if (best < 0 || cost <= best) {
                 best = cost;
                 best_s = s;
             }
