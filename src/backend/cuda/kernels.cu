@@ -3184,10 +3184,38 @@ static bool wa_kernel_applies(const fp4d_skinny_args *a)
     return a->max_rows <= 16 && a->k % WA_PHASE == 0 && a->k >= WA_PHASE && (bnv || !f16);
 }
 
+/* Dynamic shared memory a stream block may stage on the current device: WA_SMEM_MAX, or less
+ * where the device grants a block less (opt-in limit minus the kernel's static tables; e.g.
+ * 99 KB per block on sm_86/sm_89/sm_120 parts); 48 KB when the runtime cannot say. */
+static int64_t wa_smem_limit(void)
+{
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) {
+        (void)cudaGetLastError();
+        return 48 * 1024;
+    }
+    static int64_t cached[64];
+    if (cached[dev] == 0) {
+        int optin = 0;
+        cudaFuncAttributes attr;
+        int64_t limit = 48 * 1024;
+        if (cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) == cudaSuccess &&
+            cudaFuncGetAttributes(&attr, wa_kernel<AK_BF16, true, 2>) == cudaSuccess) {
+            const int64_t room = ((int64_t)optin - (int64_t)attr.sharedSizeBytes) & ~(int64_t)15;
+            limit = room < WA_SMEM_MAX ? room : WA_SMEM_MAX;
+            if (limit < 48 * 1024) limit = 48 * 1024; /* every CUDA GPU grants a block 48 KB */
+        } else {
+            (void)cudaGetLastError();
+        }
+        cached[dev] = limit;
+    }
+    return cached[dev];
+}
+
 /* Phases of 256 k per block that the staged activations of max_rows tokens allow. */
 static int64_t wa_max_phases_per_block(int32_t max_rows)
 {
-    return WA_SMEM_MAX / ((int64_t)(max_rows > 0 ? max_rows : 1) * WA_PHASE * 2);
+    return wa_smem_limit() / ((int64_t)(max_rows > 0 ? max_rows : 1) * WA_PHASE * 2);
 }
 
 /* Resident blocks per multiprocessor of `kernel` at `threads` threads and `smem` bytes of dynamic
@@ -3206,7 +3234,7 @@ static int resident_blocks(const void *kernel, int threads, size_t smem)
 static int wa_blocks_per_sm(void)
 {
     static int cached = 0;
-    if (cached == 0) cached = resident_blocks((const void *)wa_kernel<AK_BF16, true, 1>, WA_WARPS * 32, WA_SMEM_MAX);
+    if (cached == 0) cached = resident_blocks((const void *)wa_kernel<AK_BF16, true, 1>, WA_WARPS * 32, (size_t)wa_smem_limit());
     return cached;
 }
 
@@ -3320,13 +3348,11 @@ static int launch_decode_rows(const fp4d_skinny_args *args, cudaStream_t s)
 template <int AK, bool BNV, int MT>
 static int launch_wa(const fp4d_skinny_args *args, cudaStream_t s)
 {
-    static bool attr_set = false; /* the staged activations may exceed the 48 KB default */
-    if (!attr_set) {
-        const cudaError_t e = cudaFuncSetAttribute(wa_kernel<AK, BNV, MT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                   WA_SMEM_MAX);
-        if (e != cudaSuccess) return (int)e;
-        attr_set = true;
-    }
+    /* the staged activations may exceed the 48 KB default; set on every launch (the attribute
+     * is per device, and the call is cheap) */
+    const cudaError_t e = cudaFuncSetAttribute(wa_kernel<AK, BNV, MT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                               (int)wa_smem_limit());
+    if (e != cudaSuccess) return (int)e;
     const int64_t phases = args->k / WA_PHASE, pps = (phases + args->splits - 1) / args->splits;
     const size_t smem = (size_t)args->max_rows * (size_t)pps * WA_PHASE * 2;
     if (pps > wa_max_phases_per_block(args->max_rows) || args->splits > phases) return (int)cudaErrorInvalidValue;
