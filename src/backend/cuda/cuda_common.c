@@ -159,13 +159,16 @@ fp4d_status fp4d_cuda_time(cudaStream_t s, fp4d_cuda_bench_fn fn, void *state, i
     cudaEventRecord(start, s);
     for (int round = 0; st == FP4D_STATUS_OK && round < BENCH_WARM_MAX_ROUNDS; round++) {
         for (int c = 0; st == FP4D_STATUS_OK && c < copies; c++) st = fn(state, c);
+        if (st != FP4D_STATUS_OK) break;
         cudaEventRecord(stop, s);
-        float ms = 0.0f;
-        if (st == FP4D_STATUS_OK && cudaEventSynchronize(stop) == cudaSuccess &&
-            cudaEventElapsedTime(&ms, start, stop) == cudaSuccess && ms >= (float)BENCH_WARM_MS)
+        const cudaError_t e = cudaEventSynchronize(stop);
+        if (e != cudaSuccess) {
+            st = fp4d_cuda_status(e, "bench warm-up"); /* a kernel failed: no point in more rounds */
             break;
+        }
+        float ms = 0.0f;
+        if (cudaEventElapsedTime(&ms, start, stop) == cudaSuccess && ms >= (float)BENCH_WARM_MS) break;
     }
-    (void)cudaGetLastError();
     double *t = st == FP4D_STATUS_OK ? calloc((size_t)repeats, sizeof *t) : NULL;
     if (st == FP4D_STATUS_OK && !t) st = fp4d_set_error(FP4D_STATUS_NOMEM, "bench: out of memory");
     /* short calls: batch several rotations so one batch lasts well past event resolution */
