@@ -1033,6 +1033,8 @@ __global__ void __launch_bounds__(WA_WARPS * 32, WA_MIN_BLOCKS) wa_kernel(const 
         const int row_units = (int)(K / 8); /* 16-byte (4-byte FP4) units per token row */
         const bool nva = p.a_type == FP4D_DTYPE_NVFP4;
         const int64_t aC = K / (nva ? 16 : 32), col0 = kbase / (nva ? 16 : 32);
+        const uint32_t *codes = (const uint32_t *)((const uint8_t *)p.a + (int64_t)it.row0 * (K / 2) + kbase / 2);
+        const uint4 *units = (const uint4 *)((const uint16_t *)p.a + (int64_t)it.row0 * K + kbase);
         int m = 0, g8 = threadIdx.x, src = g8, dst = wa_unit(g8, 0, mp);
         auto advance = [&]() {
             if (++m == mp) {
@@ -1048,7 +1050,6 @@ __global__ void __launch_bounds__(WA_WARPS * 32, WA_MIN_BLOCKS) wa_kernel(const 
         while (g8 < groups) {
             int to[WA_STAGE_BATCH];
             if (AK == AK_FP4) {
-                const uint32_t *codes = (const uint32_t *)((const uint8_t *)p.a + (int64_t)it.row0 * (K / 2) + kbase / 2);
                 uint32_t w[WA_STAGE_BATCH], sb[WA_STAGE_BATCH];
 #pragma unroll
                 for (int i = 0; i < WA_STAGE_BATCH; i++) {
@@ -1076,7 +1077,6 @@ __global__ void __launch_bounds__(WA_WARPS * 32, WA_MIN_BLOCKS) wa_kernel(const 
                     wa_act[to[i]] = make_uint4(o[0], o[1], o[2], o[3]);
                 }
             } else {
-                const uint4 *units = (const uint4 *)((const uint16_t *)p.a + (int64_t)it.row0 * K + kbase);
                 uint4 v[WA_STAGE_BATCH];
 #pragma unroll
                 for (int i = 0; i < WA_STAGE_BATCH; i++) {
@@ -2917,17 +2917,26 @@ extern "C" int fp4d_cuda_fused_available(int device)
     return optin >= FG_SMEM;
 }
 
+/* The current device as an index into the per-device caches below (-1: the runtime cannot
+ * say, or more devices than the caches hold). */
+static int cached_device_index(void)
+{
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) {
+        (void)cudaGetLastError();
+        return -1;
+    }
+    return dev;
+}
+
 /* The wgmma kernel runs on compute capability 9.0 when its sm_90a code is in the binary;
  * FP4DOCTOR_CUDA_WGMMA=0 keeps the mma.sync fused kernel (A/B timing). */
 static bool wg_active(void)
 {
     const char *env = getenv("FP4DOCTOR_CUDA_WGMMA");
     if (env && atoi(env) == 0) return false;
-    int dev = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) {
-        (void)cudaGetLastError();
-        return false;
-    }
+    const int dev = cached_device_index();
+    if (dev < 0) return false;
     static signed char cached[64]; /* 0 unknown, 1 yes, -1 no */
     if (cached[dev] == 0) {
         int major = 0, minor = 0, optin = 0;
@@ -3189,11 +3198,8 @@ static bool wa_kernel_applies(const fp4d_skinny_args *a)
  * 99 KB per block on sm_86/sm_89/sm_120 parts); 48 KB when the runtime cannot say. */
 static int64_t wa_smem_limit(void)
 {
-    int dev = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) {
-        (void)cudaGetLastError();
-        return 48 * 1024;
-    }
+    const int dev = cached_device_index();
+    if (dev < 0) return 48 * 1024;
     static int64_t cached[64];
     if (cached[dev] == 0) {
         int optin = 0;
