@@ -47,6 +47,7 @@
 #include <float.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "kernels.h"
 
@@ -1887,7 +1888,13 @@ __global__ void __launch_bounds__(WG_THREADS, 1) wg_kernel(const fused_args p)
 
 constexpr int WGT_THREADS = 288; /* 2 consumer warpgroups + 1 producer warp */
 constexpr int WGT_STAGES = 4;
-constexpr int WGT_SMEM = WGT_STAGES * WGD_STAGE_BYTES + 1024 + 2 * WGT_STAGES * 8;
+/* output staging for the TMA-store epilogue: per consumer warpgroup two 64 x 64 16-bit boxes */
+constexpr int WGT_OUT_BOX = 64 * 64 * 2, WGT_OUT_BYTES = 2 * 2 * WGT_OUT_BOX; /* 32 KB */
+/* stages, then the mbarriers (in a 1 KB slot, keeping the staging 1024-aligned), then the
+ * output staging (only with the TMA-store epilogue); + 1 KB to align the base */
+constexpr int WGT_SMEM = WGT_STAGES * WGD_STAGE_BYTES + 1024 + 1024;
+constexpr int WGT_SMEM_OUT = WGT_SMEM + WGT_OUT_BYTES;
+static_assert(2 * WGT_STAGES * 8 <= 1024, "the mbarriers fit their slot");
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 __device__ __forceinline__ void mbar_init(uint32_t bar, int count)
@@ -1916,17 +1923,82 @@ __device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap *map
                  "l"((uint64_t)map), "r"(c0), "r"(c1), "r"(bar)
                  : "memory");
 }
+/* TMA store of one box from shared memory (elements past the tensor's edges are not written),
+ * in the issuing thread's bulk group */
+__device__ __forceinline__ void tma_store_2d(const CUtensorMap *map, uint32_t src, int c0, int c1)
+{
+    asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];\n" ::"l"((uint64_t)map),
+                 "r"(src), "r"(c0), "r"(c1)
+                 : "memory");
+}
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+/* the issuing thread's bulk groups but the newest N have read their shared memory */
+template <int N> __device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory"); }
+/* ... and have completed */
+template <int N> __device__ __forceinline__ void bulk_wait() { asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory"); }
+__device__ __forceinline__ void sts32(uint32_t addr, uint32_t v) { asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory"); }
+/* named barrier of one consumer warpgroup (ids 2, 3; id 1 is both consumer warpgroups') */
+__device__ __forceinline__ void wg_bar_sync(int wgi) { asm volatile("bar.sync %0, 128;\n" ::"r"(2 + wgi) : "memory"); }
+
+/* Stores one warpgroup's m64n256 accumulators times `scale` as 16-bit output through shared
+ * memory and TMA: ncu showed the register epilogue (64 four-byte stores per thread, each warp
+ * store touching 8 rows) as 11% of the persistent kernel's consumer time at K = 4096, during
+ * which the tensor cores idle. Here each 64 x 64 box is written conflict-free into a
+ * 128-byte-swizzled staging buffer (row r's 16-byte chunk c at c ^ (r & 7), the layout the
+ * output tensor map's swizzle undoes) and handed to the TMA engine, which writes it out while
+ * the warpgroup goes on; two buffers alternate, and a buffer is rewritten only after the store
+ * issued from it two boxes earlier has read it. The values are those of wg_store_acc (the same
+ * products and roundings). Called by all 128 threads of warpgroup wgi; `stage` is its 16 KB. */
+template <bool F16>
+__device__ __forceinline__ void wg_store_acc_tma(const CUtensorMap *map, const float (&acc)[128], int64_t row0,
+                                                 int64_t n0, float scale, uint32_t stage, int wgi)
+{
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const uint32_t r = ((threadIdx.x >> 5) & 3) * 16 + g; /* and r + 8: the same swizzle row (r & 7 == g) */
+    const bool issuer = (threadIdx.x & 127) == 0;
+#pragma unroll
+    for (int q = 0; q < 4; q++) {
+        const uint32_t box = stage + (q & 1) * WGT_OUT_BOX;
+        if (issuer) bulk_wait_read<1>();
+        wg_bar_sync(wgi);
+#pragma unroll
+        for (int c = 0; c < 8; c++) {
+            const int j = 8 * q + c;
+            uint32_t lo, hi;
+            if (F16) {
+                lo = half2_bits(__floats2half2_rn(acc[4 * j] * scale, acc[4 * j + 1] * scale));
+                hi = half2_bits(__floats2half2_rn(acc[4 * j + 2] * scale, acc[4 * j + 3] * scale));
+            } else {
+                lo = bf16x2_bits(__floats2bfloat162_rn(acc[4 * j] * scale, acc[4 * j + 1] * scale));
+                hi = bf16x2_bits(__floats2bfloat162_rn(acc[4 * j + 2] * scale, acc[4 * j + 3] * scale));
+            }
+            const uint32_t off = (uint32_t)((c ^ g) << 4) + 4 * t;
+            sts32(box + r * 128 + off, lo);
+            sts32(box + (r + 8) * 128 + off, hi);
+        }
+        fence_proxy_async(); /* the generic-proxy writes, visible to the TMA engine */
+        wg_bar_sync(wgi);
+        if (issuer) {
+            tma_store_2d(map, box, (int)(n0 + 64 * q), (int)row0);
+            bulk_commit();
+        }
+    }
+}
 #endif
 
+/* out_tma: map_out describes the 16-bit output (64 x 64 boxes, 128-byte swizzle) and the
+ * epilogue stores through it; otherwise from registers */
 template <bool F16>
 __global__ void __launch_bounds__(WGT_THREADS, 1)
-    wgt_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_w, const fused_args p)
+    wgt_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_w,
+               const __grid_constant__ CUtensorMap map_out, int out_tma, const fused_args p)
 {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
     extern __shared__ __align__(16) uint8_t wgt_smem_raw[];
     const uint32_t raw_s = (uint32_t)__cvta_generic_to_shared(wgt_smem_raw);
     const uint32_t base_s = (raw_s + 1023u) & ~1023u;
     const uint32_t bars = base_s + WGT_STAGES * WGD_STAGE_BYTES; /* full[s], then empty[s] */
+    const uint32_t out_stage = bars + 1024;                      /* 16 KB per consumer warpgroup */
     const int tid = threadIdx.x, warp = tid >> 5;
 
     /* persistent: CTA b takes work units b, b + grid, ... (unit = tile x split, tiles in the
@@ -1994,11 +2066,17 @@ __global__ void __launch_bounds__(WGT_THREADS, 1)
         wg_wait<0>();
         if (nkt > 0 && (tid & 127) == 0) mbar_arrive(bars + 8 * (WGT_STAGES + (g - 1) % WGT_STAGES));
         if (p.splits > 1 && !wg_splitk_last(p, acc, u % tiles, split, &splitk_flag)) continue;
-        wg_store_acc(p, acc, m0 + wgi * 64, n0, p.alpha);
+        if (!out_tma) wg_store_acc(p, acc, m0 + wgi * 64, n0, p.alpha);
+        else if (p.out_type == FP4D_DTYPE_F16) wg_store_acc_tma<true>(&map_out, acc, m0 + wgi * 64, n0, p.alpha, out_stage + wgi * (WGT_OUT_BYTES / 2), wgi);
+        else wg_store_acc_tma<false>(&map_out, acc, m0 + wgi * 64, n0, p.alpha, out_stage + wgi * (WGT_OUT_BYTES / 2), wgi);
     }
+    /* the last boxes' stores have finished before the block (and its shared memory) ends */
+    if (out_tma && (tid & 127) == 0) bulk_wait<0>();
 #else
     (void)map_a;
     (void)map_w;
+    (void)map_out;
+    (void)out_tma;
     (void)p;
     __trap();
 #endif
@@ -3033,6 +3111,24 @@ static bool encode_kmajor_map(CUtensorMap *map, const void *base, int64_t rows, 
                CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
+/* 2-D map of a row-major [rows, n] 16-bit output for the TMA-store epilogue: 64 x 64 boxes,
+ * 128-byte swizzle (wg_store_acc_tma's staging layout). False where TMA cannot address it. */
+static bool encode_out_map(CUtensorMap *map, void *base, int64_t rows, int64_t n, int out_type)
+{
+    if ((out_type != FP4D_DTYPE_BF16 && out_type != FP4D_DTYPE_F16) || n % 8 != 0 || (uintptr_t)base % 16 != 0 ||
+        rows >= INT32_MAX || n >= INT32_MAX)
+        return false;
+    PFN_cuTensorMapEncodeTiled_v12000 enc = tensor_map_encoder();
+    if (!enc) return false;
+    const cuuint64_t dims[2] = {(cuuint64_t)n, (cuuint64_t)rows};
+    const cuuint64_t strides[1] = {(cuuint64_t)n * 2};
+    const cuuint32_t box[2] = {64, 64};
+    const cuuint32_t estr[2] = {1, 1};
+    return enc(map, out_type == FP4D_DTYPE_F16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2,
+               base, dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+               CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
 extern "C" void fp4d_cuda_fused_scratch(int64_t m, int64_t n, int32_t splits, size_t *partial_floats,
                                         size_t *counter_count)
 {
@@ -3068,18 +3164,31 @@ extern "C" int fp4d_cuda_dense_wgmma(int op_type, const void *a, const void *w, 
     CUtensorMap map_a, map_w;
     if ((!tma_env || atoi(tma_env) != 0) && k < INT32_MAX && m < INT32_MAX && n < INT32_MAX &&
         encode_kmajor_map(&map_a, a, m, k, WG_BM, f16) && encode_kmajor_map(&map_w, w, n, k, WG_BN, f16)) {
-        void (*tk)(const CUtensorMap, const CUtensorMap, const fused_args) = f16 ? wgt_kernel<true> : wgt_kernel<false>;
-        const cudaError_t te = cudaFuncSetAttribute(tk, cudaFuncAttributeMaxDynamicSharedMemorySize, WGT_SMEM);
-        if (te != cudaSuccess) return (int)te;
-        int dev = 0, sms = 0;
-        if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+        void (*tk)(const CUtensorMap, const CUtensorMap, const CUtensorMap, int, const fused_args) =
+            f16 ? wgt_kernel<true> : wgt_kernel<false>;
+        int dev = 0, sms = 0, optin = 0;
+        if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
+            cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess)
             return (int)cudaGetLastError();
         /* one CTA per SM walking the units, or (FP4DOCTOR_CUDA_WG_PERSISTENT=0) one CTA per unit */
         const int64_t units = tiles * splits;
         const char *pers_env = getenv("FP4DOCTOR_CUDA_WG_PERSISTENT");
         const int64_t grid = pers_env && atoi(pers_env) == 0 ? units : (units < sms ? units : sms);
         if (grid > INT32_MAX) return (int)cudaErrorInvalidConfiguration;
-        tk<<<(unsigned)grid, WGT_THREADS, WGT_SMEM, s>>>(map_a, map_w, p);
+        /* 16-bit output through TMA stores where a tensor map can describe it (rows of a
+         * multiple of 16 bytes from a 16-byte aligned base); FP4DOCTOR_CUDA_WG_TMA_STORE=0 keeps
+         * the register epilogue (A/B timing) */
+        const char *store_env = getenv("FP4DOCTOR_CUDA_WG_TMA_STORE");
+        CUtensorMap map_out;
+        memset(&map_out, 0, sizeof map_out);
+        const int out_tma = (!store_env || atoi(store_env) != 0) && optin >= WGT_SMEM_OUT &&
+                                    encode_out_map(&map_out, out, m, n, out_type)
+                                ? 1
+                                : 0;
+        const int smem = out_tma ? WGT_SMEM_OUT : WGT_SMEM;
+        const cudaError_t te = cudaFuncSetAttribute(tk, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+        if (te != cudaSuccess) return (int)te;
+        tk<<<(unsigned)grid, WGT_THREADS, smem, s>>>(map_a, map_w, map_out, out_tma, p);
     } else {
         void (*wk)(const fused_args) = f16 ? wg_kernel<true, true> : wg_kernel<false, true>;
         const cudaError_t ae = cudaFuncSetAttribute(wk, cudaFuncAttributeMaxDynamicSharedMemorySize, WGD_SMEM);
