@@ -1938,7 +1938,12 @@ template <int N> __device__ __forceinline__ void bulk_wait_read() { asm volatile
 template <int N> __device__ __forceinline__ void bulk_wait() { asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory"); }
 __device__ __forceinline__ void sts32(uint32_t addr, uint32_t v) { asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory"); }
 /* named barrier of one consumer warpgroup (ids 2, 3; id 1 is both consumer warpgroups') */
-__device__ __forceinline__ void wg_bar_sync(int wgi) { asm volatile("bar.sync %0, 128;\n" ::"r"(2 + wgi) : "memory"); }
+__device__ __forceinline__ void wg_bar_sync(int wgi)
+{
+    /* immediate ids: a barrier id in a register makes ptxas reserve all 16 for the block */
+    if (wgi == 0) asm volatile("bar.sync 2, 128;\n" ::: "memory");
+    else asm volatile("bar.sync 3, 128;\n" ::: "memory");
+}
 
 /* Stores one warpgroup's m64n256 accumulators times `scale` as 16-bit output through shared
  * memory and TMA: ncu showed the register epilogue (64 four-byte stores per thread, each warp
@@ -2143,9 +2148,63 @@ __global__ void wgr_permute_kernel(const T *__restrict__ src, T *__restrict__ ds
 /* 256 threads, no producer warp: thread 0 issues the activation TMA. A ninth warp would make
  * the block allocate registers for 12 warps (they go by 4), capping a thread at 168 - too few
  * for 64-128 accumulators, two A fragment sets and the weight ring. */
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+/* four 8 x 8 16-bit matrices from mma fragment registers (lane l: row l / 4, columns
+ * 2 (l % 4), +1), stored transposed: lane l gives the address of stored row l % 8 of matrix
+ * l / 8 (16 bytes) */
+__device__ __forceinline__ void stmatrix_x4_trans(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3)
+{
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(r0),
+                 "r"(r1), "r"(r2), "r"(r3)
+                 : "memory");
+}
+
+/* wgr_kernel's output tile (TOK tokens x 128 weight rows) as 16-bit output through shared
+ * memory and TMA: out[token, row] is the transpose of the accumulators (weight rows x
+ * tokens), which the scalar stores wrote 2 bytes at a time, 4 output rows per warp store.
+ * stmatrix .trans writes each 8 x 8 fragment block transposed - token rows of 16 bytes - into
+ * 64 x 64 boxes (tokens x weight rows, 128-byte swizzle: token row q's 16-byte chunk c at
+ * c ^ (q & 7), conflict-free), warpgroup wgi's 64 rows in its own boxes, which one thread
+ * then stores by TMA (rows and tokens past the output's edges are not written). Same values
+ * as the scalar path (one rounding of acc * scale). `stage`: TOK x 128 x 2 bytes, 1024-aligned. */
+template <bool OUT_F16, int NACC>
+__device__ __forceinline__ void wgr_store_acc_tma(const CUtensorMap *map, const float (&acc)[NACC], float scale,
+                                                  uint32_t stage, int64_t tok0, int64_t n0)
+{
+    constexpr int TOK = 2 * NACC;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, wgi = warp >> 2;
+    const int mat = lane >> 3, q = lane & 7;
+    const uint32_t chunk = 2 * (warp & 3) + (mat & 1); /* matrices 0, 2: rows r_lo; 1, 3: r_hi = r_lo + 8 */
+    auto pack = [&](float a, float b) {
+        return OUT_F16 ? half2_bits(__floats2half2_rn(a * scale, b * scale))
+                       : bf16x2_bits(__floats2bfloat162_rn(a * scale, b * scale));
+    };
+#pragma unroll
+    for (int j = 0; j < TOK / 8; j += 2) {
+        const int tok = 8 * (j + (mat >> 1)) + q; /* matrices 2, 3: the next token block */
+        const uint32_t box = stage + (uint32_t)((tok >> 6) * 2 + wgi) * WGT_OUT_BOX;
+        const uint32_t addr = box + (uint32_t)(tok & 63) * 128 + ((chunk ^ (uint32_t)q) << 4);
+        stmatrix_x4_trans(addr, pack(acc[4 * j], acc[4 * j + 1]), pack(acc[4 * j + 2], acc[4 * j + 3]),
+                          pack(acc[4 * j + 4], acc[4 * j + 5]), pack(acc[4 * j + 6], acc[4 * j + 7]));
+    }
+    fence_proxy_async();
+    wg_bar_sync(wgi);
+    if ((threadIdx.x & 127) == 0) {
+#pragma unroll
+        for (int tb = 0; tb < TOK / 64; tb++)
+            tma_store_2d(map, stage + (uint32_t)(tb * 2 + wgi) * WGT_OUT_BOX, (int)(n0 + 64 * wgi), (int)(tok0 + 64 * tb));
+        bulk_commit();
+        bulk_wait<0>(); /* done before the block (and its shared memory) ends */
+    }
+}
+#endif
+
+/* out_tma: map_out describes the 16-bit output (64 x 64 boxes, 128-byte swizzle) and the
+ * epilogue stores through it (wgr_store_acc_tma); otherwise scalar stores */
 template <bool F16, int TOK>
 __global__ void __launch_bounds__(WGR_THREADS, TOK == 64 ? 2 : 1)
-    wgr_kernel(const __grid_constant__ CUtensorMap map_a, const fused_args p)
+    wgr_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_out, int out_tma,
+               const fused_args p)
 {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
     constexpr int NACC = TOK / 2, STAGE_BYTES = TOK * WG_BK * 2;
@@ -2285,6 +2344,14 @@ __global__ void __launch_bounds__(WGR_THREADS, TOK == 64 ? 2 : 1)
     /* accumulator i: token block i / 4, weight row r_lo (+8 when i % 4 >= 2), token
      * 8 (i / 4) + 2t (+1 for odd i): out[token, row], stored transposed */
     const float scale = p.alpha * 128.0f;
+    static_assert(TOK * WGR_ROWS * 2 <= WGR_STAGES * STAGE_BYTES, "the output tile fits the activation stages");
+    if (out_tma) {
+        /* through the activation stages, free once both warpgroups' wgmmas have read them */
+        consumer_bar_sync();
+        if (p.out_type == FP4D_DTYPE_F16) wgr_store_acc_tma<true>(&map_out, acc, scale, base_s, tok0, n0);
+        else wgr_store_acc_tma<false>(&map_out, acc, scale, base_s, tok0, n0);
+        return;
+    }
 #pragma unroll
     for (int i = 0; i < NACC; i++) {
         const int64_t row = (i & 2) ? r_hi : r_lo, tok = tok0 + 8 * (i >> 2) + 2 * t + (i & 1);
@@ -2292,6 +2359,8 @@ __global__ void __launch_bounds__(WGR_THREADS, TOK == 64 ? 2 : 1)
     }
 #else
     (void)map_a;
+    (void)map_out;
+    (void)out_tma;
     (void)p;
     __trap();
 #endif
@@ -3201,11 +3270,17 @@ extern "C" int fp4d_cuda_dense_wgmma(int op_type, const void *a, const void *w, 
 template <bool F16, int TOK>
 static int launch_wgr(const CUtensorMap &map, const fused_args &p, int64_t m, cudaStream_t s)
 {
-    void (*kern)(const CUtensorMap, const fused_args) = wgr_kernel<F16, TOK>;
+    void (*kern)(const CUtensorMap, const CUtensorMap, int, const fused_args) = wgr_kernel<F16, TOK>;
     const cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, wgr_smem<TOK>());
     if (e != cudaSuccess) return (int)e;
+    /* 16-bit output through TMA where a tensor map can describe it (FP4DOCTOR_CUDA_WG_TMA_STORE=0:
+     * scalar stores, for A/B timing) */
+    const char *store_env = getenv("FP4DOCTOR_CUDA_WG_TMA_STORE");
+    CUtensorMap map_out;
+    memset(&map_out, 0, sizeof map_out);
+    const int out_tma = (!store_env || atoi(store_env) != 0) && encode_out_map(&map_out, p.out, m, p.n, p.out_type) ? 1 : 0;
     const dim3 grid((unsigned)((p.n + WGR_ROWS - 1) / WGR_ROWS), (unsigned)p.splits, (unsigned)((m + TOK - 1) / TOK));
-    kern<<<grid, WGR_THREADS, wgr_smem<TOK>(), s>>>(map, p);
+    kern<<<grid, WGR_THREADS, wgr_smem<TOK>(), s>>>(map, map_out, out_tma, p);
     return (int)cudaGetLastError();
 }
 
@@ -3725,9 +3800,18 @@ extern "C" int fp4d_cuda_quantize_nvfp4(int src_type, const void *src, int64_t r
     if (src_type == FP4D_DTYPE_F32)
         quantize_nvfp4_kernel<float><<<grid, 256, 0, s>>>((const float *)src, rows, cols, encode_scale, layout, codes, scales);
     else if (src_type == FP4D_DTYPE_BF16 && cols % 2048 == 0 && quantize_b1_enabled()) {
+        /* at most two waves of 8 resident 256-thread CTAs per SM: each CTA first builds its
+         * out-scale table, and 8192^2 at 8 waves (one 128-block chunk per warp) reached 76-77%
+         * of copy bandwidth against 80% at 2 (16384^2 unchanged at 85%); the grid-stride loop
+         * takes the rest. FP4DOCTOR_CUDA_QUANT_BLOCKS overrides the cap. */
         const int64_t warps = work / 128;
         int64_t blocks = (warps + 7) / 8;
-        const int64_t cap = env_int("FP4DOCTOR_CUDA_QUANT_BLOCKS", 132 * 8 * 8);
+        int dev = 0, sms = 0;
+        if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
+            (void)cudaGetLastError();
+            sms = 132;
+        }
+        const int64_t cap = env_int("FP4DOCTOR_CUDA_QUANT_BLOCKS", (int64_t)sms * 16);
         if (blocks > cap) blocks = cap;
         quantize_bf16_b1_kernel<<<(unsigned)blocks, 256, 0, s>>>((const uint4 *)src, rows, cols / 16, encode_scale,
                                                                  layout, (uint2 *)codes, scales);
