@@ -464,10 +464,13 @@ static void test_cuda_fused_deterministic(void **state)
 }
 
 /* Grouped MoE GEMM: experts with 0, 1, 16, 17 and 40 rows. */
-static void grouped_case(fp4d_backend_t b, fp4d_dtype at, fp4d_dtype bt, fp4d_scale_layout al, fp4d_dtype ot, int64_t K)
+enum { GROUPED_E = 6 };
+static const int64_t grouped_rows_mixed[GROUPED_E] = {3, 0, 16, 1, 40, 17};
+
+static void grouped_case_rows(fp4d_backend_t b, fp4d_dtype at, fp4d_dtype bt, fp4d_scale_layout al, fp4d_dtype ot,
+                              int64_t K, const int64_t *rows)
 {
-    enum { E = 6 };
-    const int64_t rows[E] = {3, 0, 16, 1, 40, 17};
+    enum { E = GROUPED_E };
     int64_t off[E + 1] = {0};
     for (int e = 0; e < E; e++) off[e + 1] = off[e] + rows[e];
     const int64_t M = off[E], N = 72;
@@ -508,11 +511,24 @@ static void grouped_case(fp4d_backend_t b, fp4d_dtype at, fp4d_dtype bt, fp4d_sc
     for (int e = 0; e < E; e++) free_operand(&B[e]);
 }
 
+static void grouped_case(fp4d_backend_t b, fp4d_dtype at, fp4d_dtype bt, fp4d_scale_layout al, fp4d_dtype ot, int64_t K)
+{
+    grouped_case_rows(b, at, bt, al, ot, K, grouped_rows_mixed);
+}
+
 static void test_grouped(void **state, const char *name)
 {
     (void)state;
     fp4d_backend_t b = open_or_skip(name);
     if (!b) skip();
+    /* above 32 rows per expert, on sm_90a one register-decode wgmma launch for all experts:
+     * whole 64-row token tiles inside the output (TMA stores) and short ones (bounded stores),
+     * with K splits (K = 2048) and without; 200 rows: 256-row tiles */
+    static const int64_t full_tiles[GROUPED_E] = {64, 0, 64, 3, 40, 17}, long_rows[GROUPED_E] = {130, 1, 0, 200, 7, 64};
+    grouped_case_rows(b, FP4D_DTYPE_BF16, FP4D_DTYPE_NVFP4, FP4D_LAYOUT_LINEAR, FP4D_DTYPE_BF16, 256, full_tiles);
+    grouped_case_rows(b, FP4D_DTYPE_BF16, FP4D_DTYPE_NVFP4, FP4D_LAYOUT_LINEAR, FP4D_DTYPE_F16, 2048, full_tiles);
+    grouped_case_rows(b, FP4D_DTYPE_NVFP4, FP4D_DTYPE_NVFP4, FP4D_LAYOUT_SWIZZLED_128X4, FP4D_DTYPE_BF16, 512, long_rows);
+    grouped_case_rows(b, FP4D_DTYPE_F16, FP4D_DTYPE_NVFP4, FP4D_LAYOUT_LINEAR, FP4D_DTYPE_F32, 2048, long_rows);
     grouped_case(b, FP4D_DTYPE_BF16, FP4D_DTYPE_NVFP4, FP4D_LAYOUT_LINEAR, FP4D_DTYPE_BF16, 256);
     grouped_case(b, FP4D_DTYPE_NVFP4, FP4D_DTYPE_NVFP4, FP4D_LAYOUT_SWIZZLED_128X4, FP4D_DTYPE_F32, 128);
     grouped_case(b, FP4D_DTYPE_MXFP4, FP4D_DTYPE_MXFP4, FP4D_LAYOUT_LINEAR, FP4D_DTYPE_F16, 64);

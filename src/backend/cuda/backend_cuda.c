@@ -32,11 +32,12 @@
 #include "internal.h"
 
 #define FP4D_CUDA_SKINNY_MAX_M_DEFAULT 256
-/* rows per expert up to which grouped GEMMs take the one-launch skinny path where the
- * register-decode wgmma kernel runs (sm_90a): each 16-row item streams its expert's weights
- * once, so above this the per-expert wgmma launches win (bench, 128 experts of 2048 x 7168:
- * 64 rows per expert 3.4 -> 2.6 ms, 256 rows 13.4 -> 4.1-4.3 ms) */
-#define FP4D_CUDA_GROUPED_SKINNY_MAX_M_WGMMA 32
+/* rows per expert up to which grouped GEMMs take the skinny path where the register-decode
+ * wgmma kernel runs (sm_90a): each 16-row item streams its expert's weights once, so above
+ * this the grouped wgmma launch wins (bench, 128 experts of 2048 x 7168, top 8: 32 rows per
+ * expert 1.77 ms on the skinny path against 0.80 ms for the wgmma launch at 64 rows; 16 rows:
+ * skinny 0.52 ms) */
+#define FP4D_CUDA_GROUPED_SKINNY_MAX_M_WGMMA 16
 #define FP4D_CUDA_FUSED_MIN_M_DEFAULT 32
 /* rows of one expert from which, on sm_90a, the weights are dequantized once into a bf16/f16
  * copy and the plain wgmma GEMM runs (FP4DOCTOR_CUDA_WG_DENSE_MIN_M; 0 = never) */
@@ -55,6 +56,7 @@ typedef struct cuda_ctx {
     fp4d_devbuf  params;                 /* skinny work items, pointer tables, alphas */
     fp4d_devbuf  partials, counters;     /* split-K scratch (counters stay zero between launches) */
     fp4d_devbuf  aperm;                  /* k-permuted activations of the register-decode wgmma kernel */
+    fp4d_devbuf  gparams;                /* work items and tables of its grouped launches */
     fp4d_devbuf  amax;
 } cuda_ctx;
 
@@ -137,15 +139,23 @@ static int64_t max_rows_per_expert(const dev_gemm *g)
 
 static size_t align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
 
-/*
- * Builds the work items and tables of a skinny launch into `params` (device) and fills
- * args. Items cover each expert's rows in pieces of 16 (when no expert has more than 16
- * rows) or 32.
- */
-static fp4d_status plan_skinny(cuda_ctx *c, const dev_gemm *g, fp4d_devbuf *params, fp4d_skinny_args *args)
+/* Device tables of a grouped launch: work items covering each expert's rows in pieces of at
+ * most `piece` rows (expert order), and the experts' weight, scale and alpha tables. */
+typedef struct expert_tables {
+    const fp4d_skinny_item *items;
+    const uint8_t *const   *codes;
+    const uint8_t *const   *scales;
+    const float            *alpha;
+    int64_t                 n_items;
+    int32_t                 max_item_rows;
+} expert_tables;
+
+/* Builds the tables into `params`. async: copied in c's stream - from pageable memory the
+ * runtime first waits for the stream's earlier work, so kernels still reading the previous
+ * tables are done - else synchronously (callers that plan ahead of their launches). */
+static fp4d_status upload_expert_tables(cuda_ctx *c, const dev_gemm *g, int64_t piece, fp4d_devbuf *params, bool async,
+                                        expert_tables *t)
 {
-    const int64_t mx = max_rows_per_expert(g);
-    const int32_t piece = mx <= 16 ? 16 : 32;
     int64_t items = 0;
     for (int32_t e = 0; e < g->num_experts; e++) {
         const int64_t r0 = g->offsets ? g->offsets[e] : 0, r1 = g->offsets ? g->offsets[e + 1] : g->a_rows;
@@ -176,12 +186,34 @@ static fp4d_status plan_skinny(cuda_ctx *c, const dev_gemm *g, fp4d_devbuf *para
     memcpy(host + items_bytes + 2 * ptr_bytes, g->alpha, (size_t)g->num_experts * sizeof(float));
     fp4d_status st = fp4d_devbuf_reserve(params, total, false);
     if (st == FP4D_STATUS_OK) {
-        /* synchronous: the host table is freed right after */
-        cudaError_t e = cudaMemcpy(params->ptr, host, total, cudaMemcpyHostToDevice);
+        /* either way the host table can be freed right after */
+        cudaError_t e = async ? cudaMemcpyAsync(params->ptr, host, total, cudaMemcpyHostToDevice, c->stream)
+                              : cudaMemcpy(params->ptr, host, total, cudaMemcpyHostToDevice);
         if (e != cudaSuccess) st = fp4d_cuda_status(e, "cuda: upload work items");
     }
     free(host);
     FP4D_FORWARD_IF_ERROR(st);
+    t->items = (const fp4d_skinny_item *)params->ptr;
+    t->codes = (const uint8_t *const *)((uint8_t *)params->ptr + items_bytes);
+    t->scales = (const uint8_t *const *)((uint8_t *)params->ptr + items_bytes + ptr_bytes);
+    t->alpha = (const float *)((uint8_t *)params->ptr + items_bytes + 2 * ptr_bytes);
+    t->n_items = n_items;
+    t->max_item_rows = max_item_rows;
+    return FP4D_STATUS_OK;
+}
+
+/*
+ * Builds the work items and tables of a skinny launch into `params` (device) and fills
+ * args. Items cover each expert's rows in pieces of 16 (when no expert has more than 16
+ * rows) or 32.
+ */
+static fp4d_status plan_skinny(cuda_ctx *c, const dev_gemm *g, fp4d_devbuf *params, fp4d_skinny_args *args)
+{
+    const int64_t mx = max_rows_per_expert(g);
+    expert_tables t;
+    FP4D_FORWARD_IF_ERROR(upload_expert_tables(c, g, mx <= 16 ? 16 : 32, params, false, &t));
+    const int64_t n_items = t.n_items;
+    const int32_t max_item_rows = t.max_item_rows;
 
     memset(args, 0, sizeof *args);
     args->a_type = g->a_type;
@@ -191,12 +223,12 @@ static fp4d_status plan_skinny(cuda_ctx *c, const dev_gemm *g, fp4d_devbuf *para
     args->a_rows_total = g->a_rows;
     args->b_format = g->b_format;
     args->b_layout = g->b_layout;
-    args->b_codes = (const uint8_t *const *)((uint8_t *)params->ptr + items_bytes);
-    args->b_scales = (const uint8_t *const *)((uint8_t *)params->ptr + items_bytes + ptr_bytes);
-    args->alpha = (const float *)((uint8_t *)params->ptr + items_bytes + 2 * ptr_bytes);
+    args->b_codes = t.codes;
+    args->b_scales = t.scales;
+    args->alpha = t.alpha;
     args->n = g->n;
     args->k = g->k;
-    args->items = (const fp4d_skinny_item *)params->ptr;
+    args->items = t.items;
     args->num_items = (int32_t)n_items;
     args->max_rows = max_item_rows;
     args->out_type = g->out_type;
@@ -292,8 +324,36 @@ static fp4d_status run_dense(cuda_ctx *c, const dev_gemm *g, gemm_path path)
     return FP4D_STATUS_OK;
 }
 
+/* A grouped GEMM as one launch of the register-decode wgmma kernel (sm_90a): an item per
+ * token tile of each expert. 128 per-expert launches, each a small grid with split-K, had run
+ * the bench's 128-expert MoE at 4096 tokens at half the per-expert cuBLAS loop's speed. */
+static fp4d_status run_fused_grouped(cuda_ctx *c, const dev_gemm *g, const void *a, fp4d_dtype d)
+{
+    const size_t esz = 2;
+    const int tile = fp4d_cuda_fused_grouped_tok(max_rows_per_expert(g));
+    expert_tables t;
+    FP4D_FORWARD_IF_ERROR(upload_expert_tables(c, g, tile, &c->gparams, true, &t));
+    if (t.n_items == 0) return FP4D_STATUS_OK;
+    size_t partial_floats = 0, counter_count = 0;
+    const int32_t splits = fp4d_cuda_fused_grouped_plan(t.n_items, t.max_item_rows, g->n, g->k, c->sm_count,
+                                                        &partial_floats, &counter_count);
+    if (splits > 1) {
+        FP4D_FORWARD_IF_ERROR(fp4d_devbuf_reserve(&c->partials, partial_floats * sizeof(float), false));
+        FP4D_FORWARD_IF_ERROR(fp4d_devbuf_reserve(&c->counters, counter_count * sizeof(uint32_t), true));
+    }
+    FP4D_FORWARD_IF_ERROR(fp4d_devbuf_reserve(&c->aperm, (size_t)g->a_rows * (size_t)g->k * esz, false));
+    FP4D_CUDA_TRY(fp4d_cuda_fused_gemm_grouped(d, a, g->a_rows, t.items, (int32_t)t.n_items, t.max_item_rows, t.codes,
+                                               t.scales, t.alpha, g->b_layout, g->n, g->k, g->out_type, g->out, splits,
+                                               splits > 1 ? c->partials.ptr : NULL, splits > 1 ? c->counters.ptr : NULL,
+                                               c->aperm.ptr, c->stream),
+                  "cuda: grouped wgmma GEMM");
+    return FP4D_STATUS_OK;
+}
+
 /* Fused path: activations in the MMA type (FP4 activations dequantized to bf16 first, exact),
- * then one fused launch per non-empty expert (one for a plain GEMM). */
+ * then one fused launch per non-empty expert (one for a plain GEMM; on sm_90a one for all
+ * experts of a grouped GEMM below the dense route's rows, FP4DOCTOR_CUDA_GROUPED_LAUNCH=0: per
+ * expert, for A/B timing). */
 static fp4d_status run_fused(cuda_ctx *c, const dev_gemm *g)
 {
     const fp4d_dtype d = dense_type(g->a_type, g->b_format);
@@ -301,6 +361,10 @@ static fp4d_status run_fused(cuda_ctx *c, const dev_gemm *g)
     const size_t osz = fp4d_out_elem_size(g->out_type);
     const void *a = NULL;
     FP4D_FORWARD_IF_ERROR(activations_as(c, g, d, esz, &a));
+    const char *one_launch = getenv("FP4DOCTOR_CUDA_GROUPED_LAUNCH");
+    if (g->offsets && (!one_launch || atoi(one_launch) != 0) && fp4d_cuda_fused_grouped_available() &&
+        max_rows_per_expert(g) < c->wg_dense_min_m)
+        return run_fused_grouped(c, g, a, d);
     for (int32_t e = 0; e < g->num_experts; e++) {
         const int64_t r0 = g->offsets ? g->offsets[e] : 0, r1 = g->offsets ? g->offsets[e + 1] : g->a_rows;
         if (r1 == r0) continue;
@@ -402,7 +466,7 @@ static void cuda_free(void *ctx)
     cudaSetDevice(c->device);
     if (c->stream) cudaStreamSynchronize(c->stream);
     fp4d_devbuf *bufs[] = {&c->a, &c->a_sc, &c->b, &c->b_sc, &c->out, &c->wa, &c->wb,
-                           &c->params, &c->partials, &c->counters, &c->amax, &c->aperm};
+                           &c->params, &c->partials, &c->counters, &c->amax, &c->aperm, &c->gparams};
     for (size_t i = 0; i < FP4D_ARRAY_LEN(bufs); i++) fp4d_devbuf_free(bufs[i]);
     if (c->stream) cudaStreamDestroy(c->stream);
     free(c);

@@ -1357,6 +1357,14 @@ struct fused_args {
     int32_t         splits, ktiles_per_split;
     float          *partials; /* splits > 1: [splits, M, N] (mma.sync kernel) or per tile (wgmma kernels) */
     uint32_t       *counters; /* wgmma kernels, splits > 1: one per tile, zero between launches */
+    /* wgr_kernel, grouped (items != NULL): blockIdx.z takes items[z] - rows row0 .. row0 + rows
+     * (at most one token tile) of A and out, with expert `expert`'s weights, scales and alpha
+     * from the device tables; codes, scales, alpha above are then unused, m is all rows */
+    const fp4d_skinny_item *items;
+    int64_t                 num_items_; /* host side: the launch's grid z */
+    const uint8_t *const   *g_codes;
+    const uint8_t *const   *g_scales;
+    const float            *g_alpha;
 };
 
 __device__ __forceinline__ void store_out2(int out_type, void *out, int64_t idx, float v0, float v1, bool both,
@@ -2216,7 +2224,20 @@ __global__ void __launch_bounds__(WGR_THREADS, TOK == 64 ? 2 : 1)
     const uint32_t bars = lut_s + 256 * 4; /* full[s], then empty[s] */
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
 
-    const int64_t n0 = (int64_t)blockIdx.x * WGR_ROWS, tok0 = (int64_t)blockIdx.z * TOK;
+    /* this CTA's tokens tok0 .. m_end - 1 and its weights: a token tile of the plain GEMM, or
+     * (grouped) one expert's item */
+    const int64_t n0 = (int64_t)blockIdx.x * WGR_ROWS;
+    int64_t tok0 = (int64_t)blockIdx.z * TOK, m_end = p.m;
+    const uint8_t *codes = p.codes, *scales = p.scales;
+    float alpha = p.alpha;
+    if (p.items) {
+        const fp4d_skinny_item it = p.items[blockIdx.z];
+        tok0 = it.row0;
+        m_end = (int64_t)it.row0 + it.rows;
+        codes = p.g_codes[it.expert];
+        scales = p.g_scales[it.expert];
+        alpha = p.g_alpha[it.expert];
+    }
     const int64_t ktiles = p.k / WG_BK;
     const int64_t kt0 = (int64_t)blockIdx.y * p.ktiles_per_split;
     const int nkt = (int)max((int64_t)0, min((int64_t)p.ktiles_per_split, ktiles - kt0));
@@ -2244,10 +2265,10 @@ __global__ void __launch_bounds__(WGR_THREADS, TOK == 64 ? 2 : 1)
     const int64_t C = p.k / 16;
     const int64_t r_lo = n0 + 16 * warp + g, r_hi = r_lo + 8;
     const int64_t rc_lo = min(r_lo, p.n - 1), rc_hi = min(r_hi, p.n - 1); /* clamped: computed, never stored */
-    const uint8_t *w_src[2] = {p.codes + rc_lo * (p.k / 2) + kt0 * (WG_BK / 2) + 16 * (t >> 1),
-                               p.codes + rc_hi * (p.k / 2) + kt0 * (WG_BK / 2) + 16 * (t >> 1)};
-    const uint8_t *s_src[2] = {p.scales + scale_row_off(p.layout, C, rc_lo) + scale_col_off(p.layout, kt0 * (WG_BK / 16)),
-                               p.scales + scale_row_off(p.layout, C, rc_hi) + scale_col_off(p.layout, kt0 * (WG_BK / 16))};
+    const uint8_t *w_src[2] = {codes + rc_lo * (p.k / 2) + kt0 * (WG_BK / 2) + 16 * (t >> 1),
+                               codes + rc_hi * (p.k / 2) + kt0 * (WG_BK / 2) + 16 * (t >> 1)};
+    const uint8_t *s_src[2] = {scales + scale_row_off(p.layout, C, rc_lo) + scale_col_off(p.layout, kt0 * (WG_BK / 16)),
+                               scales + scale_row_off(p.layout, C, rc_hi) + scale_col_off(p.layout, kt0 * (WG_BK / 16))};
     const int64_t s_step = scale_col_off(p.layout, WG_BK / 16);
     const int shift = 8 * (t & 1);        /* pairs 2 (t & 1), +1 of a word = pairs 0, 1 of word >> shift */
     const int sbyte = 8 * (2 * (t >> 1)); /* scale byte of k16 steps 0, 1 (+8 bits for steps 2, 3) */
@@ -2343,9 +2364,11 @@ __global__ void __launch_bounds__(WGR_THREADS, TOK == 64 ? 2 : 1)
         return;
     /* accumulator i: token block i / 4, weight row r_lo (+8 when i % 4 >= 2), token
      * 8 (i / 4) + 2t (+1 for odd i): out[token, row], stored transposed */
-    const float scale = p.alpha * 128.0f;
+    const float scale = alpha * 128.0f;
     static_assert(TOK * WGR_ROWS * 2 <= WGR_STAGES * STAGE_BYTES, "the output tile fits the activation stages");
-    if (out_tma) {
+    /* TMA clips at the output's edges only: a grouped item's short tile inside the output
+     * (the next expert's rows follow) takes the bounded stores */
+    if (out_tma && (m_end - tok0 >= TOK || m_end == p.m)) {
         /* through the activation stages, free once both warpgroups' wgmmas have read them */
         consumer_bar_sync();
         if (p.out_type == FP4D_DTYPE_F16) wgr_store_acc_tma<true>(&map_out, acc, scale, base_s, tok0, n0);
@@ -2355,7 +2378,7 @@ __global__ void __launch_bounds__(WGR_THREADS, TOK == 64 ? 2 : 1)
 #pragma unroll
     for (int i = 0; i < NACC; i++) {
         const int64_t row = (i & 2) ? r_hi : r_lo, tok = tok0 + 8 * (i >> 2) + 2 * t + (i & 1);
-        if (row < p.n && tok < p.m) store_out(p.out_type, p.out, tok * p.n + row, acc[i] * scale);
+        if (row < p.n && tok < m_end) store_out(p.out_type, p.out, tok * p.n + row, acc[i] * scale);
     }
 #else
     (void)map_a;
@@ -3224,7 +3247,7 @@ extern "C" int fp4d_cuda_dense_wgmma(int op_type, const void *a, const void *w, 
     const bool f16 = op_type == FP4D_DTYPE_F16;
     const int64_t ktiles = k / WG_BK;
     fused_args p = {(const uint16_t *)a, (const uint8_t *)w, NULL, 0, m, n, k, alpha, out_type, out,
-                    splits, (int32_t)((ktiles + splits - 1) / splits), partials, counters};
+                    splits, (int32_t)((ktiles + splits - 1) / splits), partials, counters, NULL, 0, NULL, NULL, NULL};
     const int64_t tiles = ((m + WG_BM - 1) / WG_BM) * ((n + WG_BN - 1) / WG_BN);
     if (tiles > INT32_MAX || splits > 65535) return (int)cudaErrorInvalidConfiguration;
     /* TMA + producer warp when the tensor maps can be made (FP4DOCTOR_CUDA_WG_TMA=0: the
@@ -3279,9 +3302,65 @@ static int launch_wgr(const CUtensorMap &map, const fused_args &p, int64_t m, cu
     CUtensorMap map_out;
     memset(&map_out, 0, sizeof map_out);
     const int out_tma = (!store_env || atoi(store_env) != 0) && encode_out_map(&map_out, p.out, m, p.n, p.out_type) ? 1 : 0;
-    const dim3 grid((unsigned)((p.n + WGR_ROWS - 1) / WGR_ROWS), (unsigned)p.splits, (unsigned)((m + TOK - 1) / TOK));
+    const int64_t z = p.items ? p.num_items_ : (m + TOK - 1) / TOK; /* token tiles or grouped items */
+    const dim3 grid((unsigned)((p.n + WGR_ROWS - 1) / WGR_ROWS), (unsigned)p.splits, (unsigned)z);
     kern<<<grid, WGR_THREADS, wgr_smem<TOK>(), s>>>(map, map_out, out_tma, p);
     return (int)cudaGetLastError();
+}
+
+/* The register-decode wgmma GEMM of p (plain, or grouped with p.items) with `tok`-token tiles:
+ * A (p.m x p.k) k-permuted into a_scratch, a tensor map on it, the launch. -1 when a tensor map
+ * cannot describe the scratch (the caller takes another kernel); else a cudaError_t. */
+static int run_wgr(bool f16, const void *a, void *a_scratch, const fused_args &p, int tok, cudaStream_t s)
+{
+    const int64_t m = p.m, k = p.k;
+    CUtensorMap map_p;
+    if ((uintptr_t)a_scratch % 16 != 0 || m >= INT32_MAX || k >= INT32_MAX ||
+        !encode_kmajor_map(&map_p, a_scratch, m, k, (uint32_t)tok, f16))
+        return -1;
+    const int64_t groups = m * (k / 8);
+    if (f16) wgr_permute_kernel<__half><<<grid_for(groups, 256), 256, 0, s>>>((const __half *)a, (__half *)a_scratch, m, k);
+    else wgr_permute_kernel<__nv_bfloat16><<<grid_for(groups, 256), 256, 0, s>>>((const __nv_bfloat16 *)a, (__nv_bfloat16 *)a_scratch, m, k);
+    const cudaError_t pe = cudaGetLastError();
+    if (pe != cudaSuccess) return (int)pe;
+    if (tok == 64) return f16 ? launch_wgr<true, 64>(map_p, p, m, s) : launch_wgr<false, 64>(map_p, p, m, s);
+    if (tok == 128) return f16 ? launch_wgr<true, 128>(map_p, p, m, s) : launch_wgr<false, 128>(map_p, p, m, s);
+    return f16 ? launch_wgr<true, 256>(map_p, p, m, s) : launch_wgr<false, 256>(map_p, p, m, s);
+}
+
+extern "C" int fp4d_cuda_fused_grouped_available(void) { return wg_active() && wgr_enabled() ? 1 : 0; }
+
+extern "C" int fp4d_cuda_fused_grouped_tok(int64_t max_item_rows) { return wgr_tok(max_item_rows); }
+
+extern "C" int32_t fp4d_cuda_fused_grouped_plan(int64_t num_items, int64_t max_item_rows, int64_t n, int64_t k,
+                                                int sm_count, size_t *partial_floats, size_t *counter_count)
+{
+    /* the split model of the plain launch, over num_items token tiles of `tok` rows */
+    const int tok = wgr_tok(max_item_rows);
+    const int32_t splits = fused_splits_model(num_items * tok, n, k, sm_count, tok, WGR_ROWS, tok == 64 ? 2 : 1);
+    const size_t tiles = (size_t)num_items * (size_t)((n + WGR_ROWS - 1) / WGR_ROWS);
+    *partial_floats = splits > 1 ? tiles * (size_t)splits * WGR_ROWS * (size_t)tok : 0;
+    *counter_count = splits > 1 ? tiles : 0;
+    return splits;
+}
+
+extern "C" int fp4d_cuda_fused_gemm_grouped(int op_type, const void *a, int64_t rows_total, const fp4d_skinny_item *items,
+                                            int32_t num_items, int32_t max_item_rows, const uint8_t *const *codes,
+                                            const uint8_t *const *scales, const float *alpha, int layout, int64_t n,
+                                            int64_t k, int out_type, void *out, int32_t splits, float *partials,
+                                            uint32_t *counters, void *a_scratch, void *stream)
+{
+    if (num_items == 0 || n == 0) return cudaSuccess;
+    if (!fp4d_cuda_fused_grouped_available() || k % FG_BK != 0 || k >= (1 << 24) || !a_scratch || num_items > 65535 ||
+        max_item_rows < 1 || max_item_rows > wgr_tok(max_item_rows) || splits < 1 || splits > 65535 ||
+        (splits > 1 && (!partials || !counters)))
+        return (int)cudaErrorInvalidValue;
+    const int64_t ktiles = k / WG_BK;
+    fused_args p = {(const uint16_t *)a, NULL, NULL, layout, rows_total, n, k, 1.0f, out_type, out,
+                    splits, (int32_t)((ktiles + splits - 1) / splits), partials, counters,
+                    items, num_items, codes, scales, alpha};
+    const int r = run_wgr(op_type == FP4D_DTYPE_F16, a, a_scratch, p, wgr_tok(max_item_rows), (cudaStream_t)stream);
+    return r < 0 ? (int)cudaErrorInvalidValue : r;
 }
 
 extern "C" int fp4d_cuda_fused_gemm(int op_type, const void *a, const uint8_t *codes, const uint8_t *scales,
@@ -3300,21 +3379,12 @@ extern "C" int fp4d_cuda_fused_gemm(int op_type, const void *a, const uint8_t *c
         if (ae != cudaSuccess) return (int)ae;
         if (splits > 1 && !counters) return (int)cudaErrorInvalidValue;
         fused_args p = {(const uint16_t *)a, codes, scales, layout, m, n, k, alpha, out_type, out,
-                        splits, (int32_t)((ktiles_all + splits - 1) / splits), partials, counters};
+                        splits, (int32_t)((ktiles_all + splits - 1) / splits), partials, counters, NULL, 0, NULL, NULL, NULL};
         /* weights decoded into registers: activations k-permuted into a_scratch (M x K, 16-bit),
          * brought by TMA from there */
-        CUtensorMap map_p;
-        const int tok = wgr_tok(m);
-        if (wgr_enabled() && a_scratch && (uintptr_t)a_scratch % 16 == 0 && m < INT32_MAX && k < INT32_MAX &&
-            encode_kmajor_map(&map_p, a_scratch, m, k, (uint32_t)tok, f16)) {
-            const int64_t groups = m * (k / 8);
-            if (f16) wgr_permute_kernel<__half><<<grid_for(groups, 256), 256, 0, s>>>((const __half *)a, (__half *)a_scratch, m, k);
-            else wgr_permute_kernel<__nv_bfloat16><<<grid_for(groups, 256), 256, 0, s>>>((const __nv_bfloat16 *)a, (__nv_bfloat16 *)a_scratch, m, k);
-            const cudaError_t pe = cudaGetLastError();
-            if (pe != cudaSuccess) return (int)pe;
-            if (tok == 64) return f16 ? launch_wgr<true, 64>(map_p, p, m, s) : launch_wgr<false, 64>(map_p, p, m, s);
-            if (tok == 128) return f16 ? launch_wgr<true, 128>(map_p, p, m, s) : launch_wgr<false, 128>(map_p, p, m, s);
-            return f16 ? launch_wgr<true, 256>(map_p, p, m, s) : launch_wgr<false, 256>(map_p, p, m, s);
+        if (wgr_enabled() && a_scratch) {
+            const int r = run_wgr(f16, a, a_scratch, p, wgr_tok(m), s);
+            if (r >= 0) return r;
         }
         const int64_t tiles = ((m + WG_BM - 1) / WG_BM) * ((n + WG_BN - 1) / WG_BN);
         if (tiles > INT32_MAX || splits > 65535) return (int)cudaErrorInvalidConfiguration;
@@ -3342,6 +3412,8 @@ extern "C" int fp4d_cuda_fused_gemm(int op_type, const void *a, const uint8_t *c
     p.splits = splits;
     p.ktiles_per_split = (int32_t)((ktiles + splits - 1) / splits);
     p.partials = partials;
+    p.counters = NULL;
+    p.items = NULL;
     const int64_t tiles = ((m + FG_BM - 1) / FG_BM) * ((n + FG_BN - 1) / FG_BN);
     const int64_t blocks = tiles * splits;
     if (blocks > INT32_MAX) return (int)cudaErrorInvalidConfiguration;

@@ -70,6 +70,24 @@ int fp4d_cuda_fused_gemm(int op_type, const void *a, const uint8_t *codes, const
                          int64_t m, int64_t n, int64_t k, float alpha, int out_type, void *out, int32_t splits,
                          float *partials, uint32_t *counters, void *a_scratch, void *stream);
 
+/* Grouped form of the fused GEMM (sm_90a register-decode wgmma kernel; available non-zero):
+ * one launch for all experts. items (device array): row ranges of A / out of at most
+ * fp4d_cuda_fused_grouped_tok(max_item_rows) rows each - the token tile - with their expert's
+ * index into codes / scales / alpha (device arrays of num_experts entries); A is
+ * [rows_total, K] of op_type, a_scratch rows_total x K 16-bit elements; splits and scratch
+ * from fp4d_cuda_fused_grouped_plan (counters zero before the launch; left zero). */
+int fp4d_cuda_fused_grouped_available(void);
+int fp4d_cuda_fused_grouped_tok(int64_t max_item_rows);
+/* Split count of a grouped launch, and the scratch it needs (zero: none). */
+int32_t fp4d_cuda_fused_grouped_plan(int64_t num_items, int64_t max_item_rows, int64_t n, int64_t k, int sm_count,
+                                     size_t *partial_floats, size_t *counter_count);
+struct fp4d_skinny_item;
+int fp4d_cuda_fused_gemm_grouped(int op_type, const void *a, int64_t rows_total, const struct fp4d_skinny_item *items,
+                                 int32_t num_items, int32_t max_item_rows, const uint8_t *const *codes,
+                                 const uint8_t *const *scales, const float *alpha, int layout, int64_t n, int64_t k,
+                                 int out_type, void *out, int32_t splits, float *partials, uint32_t *counters,
+                                 void *a_scratch, void *stream);
+
 /* ---- wgmma GEMM on dequantized weights (sm_90a, large M) ------------------------------
  * out[m, n] = alpha * sum_k A[m, k] * W[n, k], A [M, K] and W [N, K] row-major of op_type
  * (BF16 or F16), K % 64 == 0, 16-byte aligned; splits (from fp4d_cuda_fused_splits) as for
@@ -91,7 +109,7 @@ int fp4d_cuda_simt_gemm(const float *a, const float *b, int64_t m, int64_t n, in
  * kernel (128 weight rows per block, deep cp.async ring); others the 32-row skinny kernel. */
 typedef struct fp4d_skinny_item {
     int32_t row0;    /* first row of A and out */
-    int32_t rows;    /* 1..32 */
+    int32_t rows;    /* 1..32 (skinny); up to the token tile (grouped fused GEMM) */
     int32_t expert;  /* index into the weight/alpha tables */
     int32_t pad_;
 } fp4d_skinny_item;
