@@ -445,7 +445,7 @@ static fp4d_status cuda_init(void *user_data, int device, void **out, fp4d_reaso
         return fp4d_set_error(FP4D_STATUS_DEVICE, "cannot create a CUDA stream");
     }
     c->skinny_max_m = FP4D_CUDA_SKINNY_MAX_M_DEFAULT;
-    c->grouped_skinny_max_m = fp4d_cuda_dense_wgmma_available() ? FP4D_CUDA_GROUPED_SKINNY_MAX_M_WGMMA : c->skinny_max_m;
+    c->grouped_skinny_max_m = fp4d_cuda_fused_grouped_available() ? FP4D_CUDA_GROUPED_SKINNY_MAX_M_WGMMA : c->skinny_max_m;
     const char *env = getenv("FP4DOCTOR_CUDA_SKINNY_MAX_M"); /* sets both */
     if (env && atoll(env) > 0) c->skinny_max_m = c->grouped_skinny_max_m = atoll(env);
     c->fused_min_m = FP4D_CUDA_FUSED_MIN_M_DEFAULT;
