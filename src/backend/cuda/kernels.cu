@@ -1361,7 +1361,7 @@ struct fused_args {
      * (at most one token tile) of A and out, with expert `expert`'s weights, scales and alpha
      * from the device tables; codes, scales, alpha above are then unused, m is all rows */
     const fp4d_skinny_item *items;
-    int64_t                 num_items_; /* host side: the launch's grid z */
+    int64_t                 num_items;  /* grouped: items (the launch's grid z) */
     const uint8_t *const   *g_codes;
     const uint8_t *const   *g_scales;
     const float            *g_alpha;
@@ -3302,7 +3302,7 @@ static int launch_wgr(const CUtensorMap &map, const fused_args &p, int64_t m, cu
     CUtensorMap map_out;
     memset(&map_out, 0, sizeof map_out);
     const int out_tma = (!store_env || atoi(store_env) != 0) && encode_out_map(&map_out, p.out, m, p.n, p.out_type) ? 1 : 0;
-    const int64_t z = p.items ? p.num_items_ : (m + TOK - 1) / TOK; /* token tiles or grouped items */
+    const int64_t z = p.items ? p.num_items : (m + TOK - 1) / TOK; /* token tiles or grouped items */
     const dim3 grid((unsigned)((p.n + WGR_ROWS - 1) / WGR_ROWS), (unsigned)p.splits, (unsigned)z);
     kern<<<grid, WGR_THREADS, wgr_smem<TOK>(), s>>>(map, map_out, out_tma, p);
     return (int)cudaGetLastError();
