@@ -1662,6 +1662,12 @@ __device__ __forceinline__ void wg_tile_origin(int64_t tile, int64_t mt_count, i
     n0 = (in_group / gsize) * WG_BN;
 }
 
+/* a * scale, b * scale rounded to a packed f16 / bf16 pair (the wgmma epilogues' one rounding) */
+template <bool F16> __device__ __forceinline__ uint32_t pack_scaled2(float a, float b, float scale)
+{
+    return F16 ? half2_bits(__floats2half2_rn(a * scale, b * scale)) : bf16x2_bits(__floats2bfloat162_rn(a * scale, b * scale));
+}
+
 /* Stores one warpgroup's m64n256 accumulators (rows row0.., columns n0..) times `scale`:
  * accumulator i of thread t belongs to n8 block i / 4, row 16 * warp + lane / 4 (+8 when
  * i % 4 >= 2), column 8 (i / 4) + 2 (lane % 4) (+1 for odd i). */
@@ -1670,13 +1676,8 @@ __device__ __forceinline__ void wg_store_acc_pairs(uint32_t *lo, uint32_t *hi, c
 {
 #pragma unroll
     for (int j = 0; j < 32; j++) {
-        if (F16) {
-            lo[4 * j] = half2_bits(__floats2half2_rn(acc[4 * j] * scale, acc[4 * j + 1] * scale));
-            hi[4 * j] = half2_bits(__floats2half2_rn(acc[4 * j + 2] * scale, acc[4 * j + 3] * scale));
-        } else {
-            lo[4 * j] = bf16x2_bits(__floats2bfloat162_rn(acc[4 * j] * scale, acc[4 * j + 1] * scale));
-            hi[4 * j] = bf16x2_bits(__floats2bfloat162_rn(acc[4 * j + 2] * scale, acc[4 * j + 3] * scale));
-        }
+        lo[4 * j] = pack_scaled2<F16>(acc[4 * j], acc[4 * j + 1], scale);
+        hi[4 * j] = pack_scaled2<F16>(acc[4 * j + 2], acc[4 * j + 3], scale);
     }
 }
 
@@ -1977,17 +1978,9 @@ __device__ __forceinline__ void wg_store_acc_tma(const CUtensorMap *map, const f
 #pragma unroll
         for (int c = 0; c < 8; c++) {
             const int j = 8 * q + c;
-            uint32_t lo, hi;
-            if (F16) {
-                lo = half2_bits(__floats2half2_rn(acc[4 * j] * scale, acc[4 * j + 1] * scale));
-                hi = half2_bits(__floats2half2_rn(acc[4 * j + 2] * scale, acc[4 * j + 3] * scale));
-            } else {
-                lo = bf16x2_bits(__floats2bfloat162_rn(acc[4 * j] * scale, acc[4 * j + 1] * scale));
-                hi = bf16x2_bits(__floats2bfloat162_rn(acc[4 * j + 2] * scale, acc[4 * j + 3] * scale));
-            }
             const uint32_t off = (uint32_t)((c ^ g) << 4) + 4 * t;
-            sts32(box + r * 128 + off, lo);
-            sts32(box + (r + 8) * 128 + off, hi);
+            sts32(box + r * 128 + off, pack_scaled2<F16>(acc[4 * j], acc[4 * j + 1], scale));
+            sts32(box + (r + 8) * 128 + off, pack_scaled2<F16>(acc[4 * j + 2], acc[4 * j + 3], scale));
         }
         fence_proxy_async(); /* the generic-proxy writes, visible to the TMA engine */
         wg_bar_sync(wgi);
@@ -2183,10 +2176,7 @@ __device__ __forceinline__ void wgr_store_acc_tma(const CUtensorMap *map, const 
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, wgi = warp >> 2;
     const int mat = lane >> 3, q = lane & 7;
     const uint32_t chunk = 2 * (warp & 3) + (mat & 1); /* matrices 0, 2: rows r_lo; 1, 3: r_hi = r_lo + 8 */
-    auto pack = [&](float a, float b) {
-        return OUT_F16 ? half2_bits(__floats2half2_rn(a * scale, b * scale))
-                       : bf16x2_bits(__floats2bfloat162_rn(a * scale, b * scale));
-    };
+    auto pack = [&](float a, float b) { return pack_scaled2<OUT_F16>(a, b, scale); };
 #pragma unroll
     for (int j = 0; j < TOK / 8; j += 2) {
         const int tok = 8 * (j + (mat >> 1)) + q; /* matrices 2, 3: the next token block */
@@ -3205,6 +3195,18 @@ static bool encode_kmajor_map(CUtensorMap *map, const void *base, int64_t rows, 
 
 /* 2-D map of a row-major [rows, n] 16-bit output for the TMA-store epilogue: 64 x 64 boxes,
  * 128-byte swizzle (wg_store_acc_tma's staging layout). False where TMA cannot address it. */
+static bool encode_out_map(CUtensorMap *map, void *base, int64_t rows, int64_t n, int out_type);
+
+/* The wgmma kernels' out_tma argument and its map: 1 where 16-bit output can leave through TMA
+ * stores (FP4DOCTOR_CUDA_WG_TMA_STORE=0: never - the register epilogues, for A/B timing); the
+ * map is zeroed otherwise (passed all the same). */
+static int out_tma_map(CUtensorMap *map, void *out, int64_t rows, int64_t n, int out_type)
+{
+    memset(map, 0, sizeof *map);
+    const char *env = getenv("FP4DOCTOR_CUDA_WG_TMA_STORE");
+    return (!env || atoi(env) != 0) && encode_out_map(map, out, rows, n, out_type) ? 1 : 0;
+}
+
 static bool encode_out_map(CUtensorMap *map, void *base, int64_t rows, int64_t n, int out_type)
 {
     if ((out_type != FP4D_DTYPE_BF16 && out_type != FP4D_DTYPE_F16) || n % 8 != 0 || (uintptr_t)base % 16 != 0 ||
@@ -3268,15 +3270,9 @@ extern "C" int fp4d_cuda_dense_wgmma(int op_type, const void *a, const void *w, 
         const int64_t grid = pers_env && atoi(pers_env) == 0 ? units : (units < sms ? units : sms);
         if (grid > INT32_MAX) return (int)cudaErrorInvalidConfiguration;
         /* 16-bit output through TMA stores where a tensor map can describe it (rows of a
-         * multiple of 16 bytes from a 16-byte aligned base); FP4DOCTOR_CUDA_WG_TMA_STORE=0 keeps
-         * the register epilogue (A/B timing) */
-        const char *store_env = getenv("FP4DOCTOR_CUDA_WG_TMA_STORE");
+         * multiple of 16 bytes from a 16-byte aligned base) and the staging fits */
         CUtensorMap map_out;
-        memset(&map_out, 0, sizeof map_out);
-        const int out_tma = (!store_env || atoi(store_env) != 0) && optin >= WGT_SMEM_OUT &&
-                                    encode_out_map(&map_out, out, m, n, out_type)
-                                ? 1
-                                : 0;
+        const int out_tma = out_tma_map(&map_out, out, m, n, out_type) && optin >= WGT_SMEM_OUT ? 1 : 0;
         const int smem = out_tma ? WGT_SMEM_OUT : WGT_SMEM;
         const cudaError_t te = cudaFuncSetAttribute(tk, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
         if (te != cudaSuccess) return (int)te;
@@ -3296,12 +3292,9 @@ static int launch_wgr(const CUtensorMap &map, const fused_args &p, int64_t m, cu
     void (*kern)(const CUtensorMap, const CUtensorMap, int, const fused_args) = wgr_kernel<F16, TOK>;
     const cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, wgr_smem<TOK>());
     if (e != cudaSuccess) return (int)e;
-    /* 16-bit output through TMA where a tensor map can describe it (FP4DOCTOR_CUDA_WG_TMA_STORE=0:
-     * scalar stores, for A/B timing) */
-    const char *store_env = getenv("FP4DOCTOR_CUDA_WG_TMA_STORE");
+    /* 16-bit output through TMA where a tensor map can describe it */
     CUtensorMap map_out;
-    memset(&map_out, 0, sizeof map_out);
-    const int out_tma = (!store_env || atoi(store_env) != 0) && encode_out_map(&map_out, p.out, m, p.n, p.out_type) ? 1 : 0;
+    const int out_tma = out_tma_map(&map_out, p.out, m, p.n, p.out_type);
     const int64_t z = p.items ? p.num_items : (m + TOK - 1) / TOK; /* token tiles or grouped items */
     const dim3 grid((unsigned)((p.n + WGR_ROWS - 1) / WGR_ROWS), (unsigned)p.splits, (unsigned)z);
     kern<<<grid, WGR_THREADS, wgr_smem<TOK>(), s>>>(map, map_out, out_tma, p);
