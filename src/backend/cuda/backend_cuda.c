@@ -327,10 +327,10 @@ static fp4d_status run_dense(cuda_ctx *c, const dev_gemm *g, gemm_path path)
 /* A grouped GEMM as one launch of the register-decode wgmma kernel (sm_90a): an item per
  * token tile of each expert. 128 per-expert launches, each a small grid with split-K, had run
  * the bench's 128-expert MoE at 4096 tokens at half the per-expert cuBLAS loop's speed. */
-static fp4d_status run_fused_grouped(cuda_ctx *c, const dev_gemm *g, const void *a, fp4d_dtype d)
+static fp4d_status run_fused_grouped(cuda_ctx *c, const dev_gemm *g, const void *a, fp4d_dtype d, int64_t max_rows)
 {
     const size_t esz = 2;
-    const int tile = fp4d_cuda_fused_grouped_tok(max_rows_per_expert(g));
+    const int tile = fp4d_cuda_fused_grouped_tok(max_rows);
     expert_tables t;
     FP4D_FORWARD_IF_ERROR(upload_expert_tables(c, g, tile, &c->gparams, true, &t));
     if (t.n_items == 0) return FP4D_STATUS_OK;
@@ -362,9 +362,10 @@ static fp4d_status run_fused(cuda_ctx *c, const dev_gemm *g)
     const void *a = NULL;
     FP4D_FORWARD_IF_ERROR(activations_as(c, g, d, esz, &a));
     const char *one_launch = getenv("FP4DOCTOR_CUDA_GROUPED_LAUNCH");
-    if (g->offsets && (!one_launch || atoi(one_launch) != 0) && fp4d_cuda_fused_grouped_available() &&
-        max_rows_per_expert(g) < c->wg_dense_min_m)
-        return run_fused_grouped(c, g, a, d);
+    if (g->offsets && (!one_launch || atoi(one_launch) != 0) && fp4d_cuda_fused_grouped_available()) {
+        const int64_t max_rows = max_rows_per_expert(g);
+        if (max_rows < c->wg_dense_min_m) return run_fused_grouped(c, g, a, d, max_rows);
+    }
     for (int32_t e = 0; e < g->num_experts; e++) {
         const int64_t r0 = g->offsets ? g->offsets[e] : 0, r1 = g->offsets ? g->offsets[e + 1] : g->a_rows;
         if (r1 == r0) continue;

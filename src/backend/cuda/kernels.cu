@@ -2072,9 +2072,11 @@ __global__ void __launch_bounds__(WGT_THREADS, 1)
         wg_wait<0>();
         if (nkt > 0 && (tid & 127) == 0) mbar_arrive(bars + 8 * (WGT_STAGES + (g - 1) % WGT_STAGES));
         if (p.splits > 1 && !wg_splitk_last(p, acc, u % tiles, split, &splitk_flag)) continue;
-        if (!out_tma) wg_store_acc(p, acc, m0 + wgi * 64, n0, p.alpha);
-        else if (p.out_type == FP4D_DTYPE_F16) wg_store_acc_tma<true>(&map_out, acc, m0 + wgi * 64, n0, p.alpha, out_stage + wgi * (WGT_OUT_BYTES / 2), wgi);
-        else wg_store_acc_tma<false>(&map_out, acc, m0 + wgi * 64, n0, p.alpha, out_stage + wgi * (WGT_OUT_BYTES / 2), wgi);
+        const int64_t row0 = m0 + wgi * 64;
+        const uint32_t stage = out_stage + wgi * (WGT_OUT_BYTES / 2);
+        if (!out_tma) wg_store_acc(p, acc, row0, n0, p.alpha);
+        else if (p.out_type == FP4D_DTYPE_F16) wg_store_acc_tma<true>(&map_out, acc, row0, n0, p.alpha, stage, wgi);
+        else wg_store_acc_tma<false>(&map_out, acc, row0, n0, p.alpha, stage, wgi);
     }
     /* the last boxes' stores have finished before the block (and its shared memory) ends */
     if (out_tma && (tid & 127) == 0) bulk_wait<0>();
