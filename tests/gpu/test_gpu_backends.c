@@ -26,6 +26,8 @@
 #include "fp4doctor/gemm.h"
 #include "fp4doctor/ref.h"
 #ifdef FP4D_TEST_CUDA_KERNELS
+#include <cuda_runtime.h>
+
 #include "backend/cuda/kernels.h"
 #endif
 
@@ -619,6 +621,169 @@ static void test_cuda_e2m1_rounding_exhaustive(void **state)
 #endif
 }
 
+#ifdef FP4D_TEST_CUDA_KERNELS
+/* Device buffers of one chained GEMM pair and the scratch its launches share. */
+typedef struct chain_bufs {
+    void         *a, *y, *z[8], *scratch_a;
+    uint8_t      *w1, *s1, *w2, *s2;
+    float        *partials, *alphas;
+    uint32_t     *counters;
+    const uint8_t **tables; /* device: w1, s1 / w2, s2 pointer pairs for the skinny launches */
+    fp4d_skinny_item *item;
+} chain_bufs;
+
+static void *dev_copy(const void *host, size_t bytes)
+{
+    void *d = NULL;
+    assert_int_equal(cudaMalloc(&d, bytes ? bytes : 16), cudaSuccess);
+    if (host) assert_int_equal(cudaMemcpy(d, host, bytes, cudaMemcpyHostToDevice), cudaSuccess);
+    return d;
+}
+
+/* out = alpha * act (m x k, bf16, device) x W^T (n x k NVFP4, swizzled scales) on stream s
+ * through the kernel the backend would pick - the GEMV (M = 1 and K % 256 != 0), the stream
+ * kernel (M <= 16) or the wgmma/fused kernel - with out f32 or bf16, no synchronization. */
+static void chain_gemm(chain_bufs *cb, int which, const void *act, int64_t m, int64_t n, int64_t k,
+                       const float *alpha_dev, float alpha, int out_type, void *out, cudaStream_t s)
+{
+    const uint8_t *codes = which ? cb->w2 : cb->w1, *scales = which ? cb->s2 : cb->s1;
+    int e;
+    if (fp4d_cuda_gemv_applies(FP4D_DTYPE_BF16, FP4D_DTYPE_NVFP4, m, k)) {
+        fp4d_gemv_args g = {FP4D_DTYPE_BF16, act, NULL, 0, 1, FP4D_DTYPE_NVFP4, FP4D_LAYOUT_SWIZZLED_128X4, codes, scales,
+                            alpha, n, k, out_type, out, 0, 0, 0, cb->partials, cb->counters};
+        size_t pb = 0, cc = 0;
+        assert_int_equal(fp4d_cuda_gemv_plan(&g, 132, &pb, &cc), 0);
+        assert_true(pb <= 64u << 20 && cc <= 1u << 20);
+        e = fp4d_cuda_gemv(&g, s);
+    } else if (m <= 16) {
+        fp4d_skinny_args a = {FP4D_DTYPE_BF16, act, NULL, 0, m, FP4D_DTYPE_NVFP4, FP4D_LAYOUT_SWIZZLED_128X4,
+                              cb->tables + 2 * which, cb->tables + 2 * which + 1, alpha_dev, n, k, cb->item, 1, (int32_t)m,
+                              out_type, out, 1, cb->partials, cb->counters};
+        /* the tables hold {codes, scales} pairs: the scale pointer table starts one entry on,
+         * and both are indexed by expert 0 only */
+        a.splits = fp4d_cuda_skinny_pick_splits(&a, 132);
+        size_t pb = 0, cc = 0;
+        fp4d_cuda_skinny_scratch(n, 1, a.splits, (int32_t)m, &pb, &cc);
+        assert_true(pb <= 64u << 20 && cc <= 1u << 20);
+        e = fp4d_cuda_skinny_gemm(&a, s);
+    } else {
+        const int32_t splits = fp4d_cuda_fused_splits(m, n, k, 132);
+        size_t pf = 0, cc = 0;
+        fp4d_cuda_fused_scratch(m, n, splits, &pf, &cc);
+        assert_true(pf * 4 <= 64u << 20 && cc <= 1u << 20);
+        e = fp4d_cuda_fused_gemm(FP4D_DTYPE_BF16, act, codes, scales, FP4D_LAYOUT_SWIZZLED_128X4, m, n, k, alpha, out_type,
+                                 out, splits, cb->partials, cb->counters, cb->scratch_a, s);
+    }
+    if (e != 0)
+        fprintf(stderr, "  chained GEMM M=%lld N=%lld K=%lld: %s\n", (long long)m, (long long)n, (long long)k,
+                cudaGetErrorString((cudaError_t)e));
+    assert_int_equal(e, 0);
+}
+
+/*
+ * Programmatic dependent launch: GEMM kernels start before the kernel ahead of them has
+ * finished and must wait for it before touching what it writes. Eight chained pairs are
+ * launched back to back with no synchronization: y = 2^i * (a x W1) in bf16, then
+ * z_i = y x W2 - the second GEMM reads what the first is still writing (and the next first
+ * GEMM overwrites y while the second may still read it). Scaling by 2^i commutes with every
+ * rounding here, so z_i must be exactly 2^i * z_0, bit for bit; a read of y too early (the
+ * previous pair's y, or the NaN it starts as) breaks that. The last z is also checked
+ * against the exact reference. M = 1 (K = 2080: the GEMV, then the stream kernel), 8 (the
+ * stream kernel) and 64 (the register-decode wgmma kernel after its permute kernel).
+ */
+static void test_cuda_pdl_chain(void **state)
+{
+    (void)state;
+    fp4d_backend_t b = open_or_skip("cuda");
+    if (!b) skip();
+    const int64_t N1 = 1536, N2 = 640, pairs = 8;
+    const int64_t ms[] = {1, 8, 64};
+    for (int mi = 0; mi < 3; mi++) {
+        const int64_t M = ms[mi], K = M == 1 ? 2080 : 2048;
+        operand A, W1, W2;
+        make_plain(&A, FP4D_DTYPE_BF16, M, K);
+        make_fp4(&W1, FP4D_DTYPE_NVFP4, FP4D_LAYOUT_SWIZZLED_128X4, N1, K);
+        make_fp4(&W2, FP4D_DTYPE_NVFP4, FP4D_LAYOUT_SWIZZLED_128X4, N2, N1);
+        chain_bufs cb = {0};
+        cb.a = dev_copy(A.data, (size_t)(M * K) * 2);
+        cb.w1 = dev_copy(W1.data, (size_t)(N1 * K / 2));
+        cb.s1 = dev_copy(W1.scales, fp4d_scale_buffer_size(FP4D_LAYOUT_SWIZZLED_128X4, N1, K / 16));
+        cb.w2 = dev_copy(W2.data, (size_t)(N2 * N1 / 2));
+        cb.s2 = dev_copy(W2.scales, fp4d_scale_buffer_size(FP4D_LAYOUT_SWIZZLED_128X4, N2, N1 / 16));
+        cb.y = dev_copy(NULL, (size_t)(M * N1) * 2);
+        assert_int_equal(cudaMemset(cb.y, 0xFF, (size_t)(M * N1) * 2), cudaSuccess); /* NaN */
+        for (int i = 0; i < pairs; i++) cb.z[i] = dev_copy(NULL, (size_t)(M * N2) * 4);
+        cb.scratch_a = dev_copy(NULL, (size_t)(M * (K > N1 ? K : N1)) * 2);
+        cb.partials = dev_copy(NULL, 64u << 20);
+        cb.counters = dev_copy(NULL, (1u << 20) * 4);
+        assert_int_equal(cudaMemset(cb.counters, 0, (1u << 20) * 4), cudaSuccess);
+        float alphas[9];
+        for (int i = 0; i < pairs; i++) alphas[i] = ldexpf(0.25f, i);
+        alphas[8] = 0.5f;
+        cb.alphas = dev_copy(alphas, sizeof alphas);
+        const uint8_t *tables[4] = {cb.w1, cb.s1, cb.w2, cb.s2};
+        cb.tables = dev_copy(tables, sizeof tables);
+        const fp4d_skinny_item item = {0, (int32_t)M, 0, 0};
+        cb.item = dev_copy(&item, sizeof item);
+        cudaStream_t s;
+        assert_int_equal(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+        for (int i = 0; i < pairs; i++) {
+            chain_gemm(&cb, 0, cb.a, M, N1, K, cb.alphas + i, alphas[i], FP4D_DTYPE_BF16, cb.y, s);
+            chain_gemm(&cb, 1, cb.y, M, N2, N1, cb.alphas + 8, alphas[8], FP4D_DTYPE_F32, cb.z[i], s);
+        }
+        assert_int_equal(cudaStreamSynchronize(s), cudaSuccess);
+        float *z[8];
+        uint16_t *y = malloc((size_t)(M * N1) * 2);
+        assert_non_null(y);
+        for (int i = 0; i < pairs; i++) {
+            z[i] = malloc((size_t)(M * N2) * 4);
+            assert_non_null(z[i]);
+            assert_int_equal(cudaMemcpy(z[i], cb.z[i], (size_t)(M * N2) * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+        }
+        assert_int_equal(cudaMemcpy(y, cb.y, (size_t)(M * N1) * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+        int bad = 0;
+        for (int i = 1; i < pairs; i++)
+            for (int64_t j = 0; j < M * N2; j++)
+                if (!(z[i][j] == ldexpf(z[0][j], i)) && bad++ < 5)
+                    fprintf(stderr, "  M = %lld: z_%d[%lld] = %.9g, 2^%d z_0 = %.9g\n", (long long)M, i, (long long)j,
+                            (double)z[i][j], i, (double)ldexpf(z[0][j], i));
+        /* the last pair against the exact reference, from the y it read */
+        const fp4d_matrix ym = {FP4D_DTYPE_BF16, M, N1, y, NULL, FP4D_LAYOUT_LINEAR};
+        float *ref = malloc((size_t)(M * N2) * 4);
+        assert_non_null(ref);
+        fp4d_gemm_problem p = {ym, W2.m, alphas[8], FP4D_DTYPE_F32, ref};
+        assert_int_equal(fp4d_ref_gemm(&p), FP4D_STATUS_OK);
+        float *af = to_f32(&ym), *bf = to_f32(&W2.m);
+        char label[64];
+        snprintf(label, sizeof label, "chained GEMM M=%lld", (long long)M);
+        bad += compare(label, &p, z[pairs - 1], ref, af, bf, 0);
+        assert_int_equal(bad, 0);
+        free(af);
+        free(bf);
+        free(ref);
+        free(y);
+        for (int i = 0; i < pairs; i++) {
+            free(z[i]);
+            cudaFree(cb.z[i]);
+        }
+        void *bufs[] = {cb.a, cb.y, cb.scratch_a, cb.w1, cb.s1, cb.w2, cb.s2, cb.partials, cb.alphas, cb.counters,
+                        (void *)cb.tables, cb.item};
+        for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) cudaFree(bufs[i]);
+        cudaStreamDestroy(s);
+        free_operand(&A);
+        free_operand(&W1);
+        free_operand(&W2);
+    }
+    fp4d_backend_close(b);
+}
+#else
+static void test_cuda_pdl_chain(void **state)
+{
+    (void)state;
+    skip();
+}
+#endif
+
 /* cublaslt / cudnn: either cuBLASLt/cuDNN says no, with its own words, or the result is
  * right. */
 static void native_backend(const char *name)
@@ -660,6 +825,7 @@ int main(void)
         cmocka_unit_test(test_cuda_grouped),
         cmocka_unit_test(test_cuda_wa),
         cmocka_unit_test(test_cuda_wa_three_splits),
+        cmocka_unit_test(test_cuda_pdl_chain),
         cmocka_unit_test(test_cuda_quantize_bit_identical),
         cmocka_unit_test(test_cuda_e2m1_rounding_exhaustive),
         cmocka_unit_test(test_cublas_bf16_gemm_sweep),

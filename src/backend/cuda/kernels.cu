@@ -206,6 +206,34 @@ __device__ __forceinline__ uint4 load_stream_16(const void *p)
     return v;
 }
 
+/*
+ * Programmatic dependent launch (sm_90 and newer). A kernel launched with the attribute (see
+ * launch_pdl) may start while the kernel before it in the stream is still running, once that
+ * kernel's blocks have all called pdl_trigger() (or exited). Before pdl_wait() returns - when
+ * the previous grid has completed and its writes are visible - such a kernel must not read
+ * anything that grid may have written (activations, split-K scratch and counters, even the
+ * weights: a quantize kernel may just have made them) nor write global memory. What it does
+ * instead is set up shared memory and prefetch its first weights into L2: the L2 is where
+ * every SM's writes land, so a line prefetched there is never older than a write that reached
+ * it, and the loads after pdl_wait() see the newest data. The decode kernels thus start
+ * streaming while the previous kernel drains. Without the attribute, or below sm_90, both calls
+ * are no-ops.
+ */
+__device__ __forceinline__ void pdl_wait()
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_trigger()
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+/* the L2 line holding p (a hint: no fault, no data returned) */
+__device__ __forceinline__ void prefetch_l2(const void *p) { asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p)); }
+
 __device__ __forceinline__ uint32_t bf16x2_bits(__nv_bfloat162 v) { return *reinterpret_cast<uint32_t *>(&v); }
 __device__ __forceinline__ __nv_bfloat162 bits_bf16x2(uint32_t v) { return *reinterpret_cast<__nv_bfloat162 *>(&v); }
 __device__ __forceinline__ uint32_t half2_bits(__half2 v) { return *reinterpret_cast<uint32_t *>(&v); }
@@ -1013,15 +1041,34 @@ __global__ void __launch_bounds__(WA_WARPS * 32, WA_MIN_BLOCKS) wa_kernel(const 
         }
     };
 
+    /* while the previous kernel may still run: the phases issued first into L2, and the scale
+     * table and zero unit (the item and pointer tables read above come from the host). The
+     * next kernel may launch at once: its blocks take SMs as this kernel's blocks leave them
+     * (a grid of at most one block per SM is kept from doubling up by its shared memory, see
+     * pdl_one_per_sm_smem). Triggered after the main loop instead, M = 1..16 was 2-6% slower
+     * (14336x4096 M = 1: 16.2-16.3 against 15.3-15.4 us). */
+    pdl_trigger();
+#pragma unroll
+    for (int d = 0; d < WA_DEPTH - 1; d++)
+        if (d < nph)
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+                prefetch_l2(wp[r] + d * (WA_PHASE / 2));
+                prefetch_l2(wp[r] + d * (WA_PHASE / 2) + 64);
+                prefetch_l2(sp_[r] + d * sc_phase);
+                prefetch_l2(sp_[r] + d * sc_phase + sc_chunk);
+            }
+    for (int b = threadIdx.x; b < 256; b += blockDim.x) wa_stab[b] = BNV ? nv_scale_folded1<F16>((uint32_t)b) : mx_scale_pair((uint32_t)b);
+    if (threadIdx.x == 0) wa_zero = make_uint4(0, 0, 0, 0);
+    pdl_wait();
+
     uint4 cw[WA_DEPTH][2][2];
     uint32_t cs[WA_DEPTH][2];
 #pragma unroll
     for (int d = 0; d < WA_DEPTH - 1; d++) issue(d, cw[d], cs[d]);
 
     const uint32_t pow2_126 = bf16x2_bits(__floats2bfloat162_rn(0x1p126f, 0x1p126f));
-    /* scale table, zero unit, and the activations of tokens 0..mp-1 over this K range */
-    for (int b = threadIdx.x; b < 256; b += blockDim.x) wa_stab[b] = BNV ? nv_scale_folded1<F16>((uint32_t)b) : mx_scale_pair((uint32_t)b);
-    if (threadIdx.x == 0) wa_zero = make_uint4(0, 0, 0, 0);
+    /* the activations of tokens 0..mp-1 over this K range */
     {
         /* units of (token m, 8-k group g8): thread x takes g8 = x, x + blockDim.x, ... and
          * every token of each, walked with running offsets (source unit, destination unit)
@@ -2136,7 +2183,10 @@ static_assert(wgr_kmap(0) == 0 && wgr_kmap(1) == 4 && wgr_kmap(2) == 2 && wgr_km
 template <typename T>
 __global__ void wgr_permute_kernel(const T *__restrict__ src, T *__restrict__ dst, int64_t rows, int64_t k)
 {
-    /* one thread per 8 outputs: one 16-byte store */
+    /* one thread per 8 outputs: one 16-byte store; launched with programmatic dependent
+     * launch so that the GEMM after it can start early, it waits for the kernel before it */
+    pdl_trigger();
+    pdl_wait();
     const int64_t groups = rows * (k / 8);
     for (int64_t gi = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; gi < groups; gi += (int64_t)gridDim.x * blockDim.x) {
         const int64_t row = gi / (k / 8), q0 = (gi % (k / 8)) * 8, tile = q0 / 64 * 64;
@@ -2247,9 +2297,7 @@ __global__ void __launch_bounds__(WGR_THREADS, TOK == 64 ? 2 : 1)
             mbar_init(bars + 8 * (WGR_STAGES + st), 2);  /* empty: one arrival per warpgroup */
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-        for (int kt = 0; kt < WGR_STAGES - 1 && kt < nkt; kt++) load_stage(kt);
     }
-    __syncthreads();
 
     /* consumer: weight rows r_lo = n0 + 16 warp + g and r_lo + 8 (warp 0..7 over both
      * warpgroups: rows 64 wgi + 16 (warp % 4) + ..), lane t = lane % 4 */
@@ -2284,6 +2332,16 @@ __global__ void __launch_bounds__(WGR_THREADS, TOK == 64 ? 2 : 1)
         }
         cp_async_commit(); /* one group per k tile, empty past the end: the wait count stays fixed */
     };
+    /* the k tiles copied first into L2 while the previous kernel (the activations' permute)
+     * may still run; then its activations */
+    for (int kt = 0; kt < DEPTH - 1 && kt < nkt; kt++) {
+        prefetch_l2((t & 1 ? w_src[1] : w_src[0]) + (int64_t)kt * (WG_BK / 2));
+        if (t < 2) prefetch_l2((t & 1 ? s_src[1] : s_src[0]) + kt * s_step);
+    }
+    pdl_wait();
+    if (tid == 0)
+        for (int kt = 0; kt < WGR_STAGES - 1 && kt < nkt; kt++) load_stage(kt);
+    __syncthreads();
 #pragma unroll
     for (int d = 0; d < DEPTH - 1; d++) issue(d, d);
 
@@ -2349,6 +2407,9 @@ __global__ void __launch_bounds__(WGR_THREADS, TOK == 64 ? 2 : 1)
         wg_fence_regs(af[1][s]);
     }
     wg_fence_regs(acc);
+    /* the next kernel (the next call's permute) may launch now; triggered at the start, its
+     * blocks waited beside this kernel's CTAs and M = 32 was 1-2% slower */
+    pdl_trigger();
 
     __shared__ uint32_t splitk_flag;
     if (p.splits > 1 &&
@@ -2798,20 +2859,40 @@ __global__ void __launch_bounds__(GV_WARPS * 32, 2) gemv_kernel(const fp4d_gemv_
 
     uint4 cur[R] = {}, nxt[R] = {};
     uint32_t cs[R] = {}, ns[R] = {};
-    /* weight loads of task t, step st */
-    auto load = [&](int t, int st, uint4 w[R], uint32_t s[R]) {
+    /* this lane's 16 code bytes of row r in task t, step st, and their scale(s); false past
+     * the block's range */
+    auto piece = [&](int t, int st, int r, const uint8_t **code, const uint8_t **scale) {
         const int64_t g = g_first + t;
         const int kl = st * GV_STEP + 32 * lane;
-        if (g >= groups || kl >= klen) return;
-        const int64_t kg = k0 + kl;
+        if (g >= groups || kl >= klen) return false;
+        const int64_t kg = k0 + kl, n = min(g * R + r, N - 1);
+        *code = p.b_codes + n * (K / 2) + kg / 2;
+        *scale = p.b_scales + scale_offset(p.b_layout, bC, n, kg / (BNV ? 16 : 32));
+        return true;
+    };
+    /* weight loads of task t, step st */
+    auto load = [&](int t, int st, uint4 w[R], uint32_t s[R]) {
 #pragma unroll
         for (int r = 0; r < R; r++) {
-            const int64_t n = min(g * R + r, N - 1);
-            w[r] = load_stream_16(p.b_codes + n * (K / 2) + kg / 2);
-            if (BNV) s[r] = __ldg((const unsigned short *)(p.b_scales + scale_offset(p.b_layout, bC, n, kg / 16)));
-            else s[r] = __ldg(p.b_scales + scale_offset(p.b_layout, bC, n, kg / 32));
+            const uint8_t *code, *scale;
+            if (!piece(t, st, r, &code, &scale)) return;
+            w[r] = load_stream_16(code);
+            s[r] = BNV ? (uint32_t)__ldg((const unsigned short *)scale) : (uint32_t)__ldg(scale);
         }
     };
+    /* the first two steps into L2 while the previous kernel may still run (the next one may
+     * launch at once: see wa_kernel) */
+    pdl_trigger();
+    for (int i = 0; i < 2 && i < total; i++)
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            const uint8_t *code, *scale;
+            if (piece(i / nsteps, i % nsteps, r, &code, &scale)) {
+                prefetch_l2(code);
+                prefetch_l2(scale);
+            }
+        }
+    pdl_wait();
     if (total > 0) load(0, 0, cur, cs);
 
     /* stage the activations of this block's K range (rows >= M are zero); bf16/f16 as
@@ -3012,6 +3093,47 @@ int grid_for(int64_t work, int threads)
     if (blocks < 1) blocks = 1;
     if (blocks > 65536 * 8) blocks = 65536 * 8;
     return (int)blocks;
+}
+
+/* FP4DOCTOR_CUDA_PDL=0 launches the decode kernels without programmatic dependent launch
+ * (A/B timing); below compute capability 9.0 there is none */
+static bool pdl_enabled(void)
+{
+    static int cached[64]; /* per device: 0 not asked yet, 1 on, 2 off */
+    int dev = 0, major = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) {
+        (void)cudaGetLastError();
+        return false;
+    }
+    if (!cached[dev]) {
+        const char *env = getenv("FP4DOCTOR_CUDA_PDL");
+        if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
+            (void)cudaGetLastError();
+            major = 0;
+        }
+        cached[dev] = major >= 9 && !(env && atoi(env) == 0) ? 1 : 2;
+    }
+    return cached[dev] == 1;
+}
+
+/* kernel<<<grid, block, smem, s>>>(args...), with programmatic dependent launch where enabled:
+ * only for kernels that call pdl_wait() before their first dependent access (see pdl_wait) */
+template <typename... Params, typename... Args>
+static cudaError_t launch_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t s,
+                              Args... args)
+{
+    cudaLaunchAttribute attr;
+    memset(&attr, 0, sizeof attr);
+    attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr.val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = s;
+    cfg.attrs = &attr;
+    cfg.numAttrs = pdl_enabled() ? 1 : 0;
+    return cudaLaunchKernelEx(&cfg, kernel, args...);
 }
 
 } /* namespace */
@@ -3299,8 +3421,7 @@ static int launch_wgr(const CUtensorMap &map, const fused_args &p, int64_t m, cu
     const int out_tma = out_tma_map(&map_out, p.out, m, p.n, p.out_type);
     const int64_t z = p.items ? p.num_items : (m + TOK - 1) / TOK; /* token tiles or grouped items */
     const dim3 grid((unsigned)((p.n + WGR_ROWS - 1) / WGR_ROWS), (unsigned)p.splits, (unsigned)z);
-    kern<<<grid, WGR_THREADS, wgr_smem<TOK>(), s>>>(map, map_out, out_tma, p);
-    return (int)cudaGetLastError();
+    return (int)launch_pdl(kern, grid, dim3(WGR_THREADS), wgr_smem<TOK>(), s, map, map_out, out_tma, p);
 }
 
 /* The register-decode wgmma GEMM of p (plain, or grouped with p.items) with `tok`-token tiles:
@@ -3314,9 +3435,11 @@ static int run_wgr(bool f16, const void *a, void *a_scratch, const fused_args &p
         !encode_kmajor_map(&map_p, a_scratch, m, k, (uint32_t)tok, f16))
         return -1;
     const int64_t groups = m * (k / 8);
-    if (f16) wgr_permute_kernel<__half><<<grid_for(groups, 256), 256, 0, s>>>((const __half *)a, (__half *)a_scratch, m, k);
-    else wgr_permute_kernel<__nv_bfloat16><<<grid_for(groups, 256), 256, 0, s>>>((const __nv_bfloat16 *)a, (__nv_bfloat16 *)a_scratch, m, k);
-    const cudaError_t pe = cudaGetLastError();
+    const dim3 pgrid((unsigned)grid_for(groups, 256));
+    const cudaError_t pe =
+        f16 ? launch_pdl(wgr_permute_kernel<__half>, pgrid, dim3(256), 0, s, (const __half *)a, (__half *)a_scratch, m, k)
+            : launch_pdl(wgr_permute_kernel<__nv_bfloat16>, pgrid, dim3(256), 0, s, (const __nv_bfloat16 *)a,
+                         (__nv_bfloat16 *)a_scratch, m, k);
     if (pe != cudaSuccess) return (int)pe;
     if (tok == 64) return f16 ? launch_wgr<true, 64>(map_p, p, m, s) : launch_wgr<false, 64>(map_p, p, m, s);
     if (tok == 128) return f16 ? launch_wgr<true, 128>(map_p, p, m, s) : launch_wgr<false, 128>(map_p, p, m, s);
@@ -3429,6 +3552,31 @@ extern "C" int fp4d_cuda_simt_gemm(const float *a, const float *b, int64_t m, in
     return (int)cudaGetLastError();
 }
 
+/*
+ * Dynamic shared memory for a programmatic-dependent launch of a stream kernel grid of
+ * `blocks` blocks. These kernels are issue-bound per SM, so two blocks sharing an SM take
+ * about twice as long as one. Launched plainly into an idle GPU, a grid of at most one block
+ * per SM gets one per SM; launched early, its blocks fill the free slots beside the previous
+ * kernel's blocks, two on some SMs and none on others (the one-token MoE GEMM, 128 blocks,
+ * took 33 instead of 25 us; 14336x4096 at M = 1, 112 blocks, 20.6 instead of 18.2). Such a
+ * grid therefore asks for more than half an SM's shared memory, so that no SM can hold two
+ * blocks of it or of the kernel before it. Larger grids, and launches without PDL, keep `smem`.
+ */
+static size_t pdl_one_per_sm_smem(size_t smem, int64_t blocks)
+{
+    if (!pdl_enabled()) return smem;
+    int dev = 0, sms = 0, per_sm = 0, optin = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return smem;
+    }
+    const size_t half = (size_t)per_sm / 2;
+    if (blocks > sms || smem >= half || half > (size_t)optin - 16 * 1024) return smem;
+    return half;
+}
+
 /* The decode kernel takes work items of up to 16 rows when K % 64 == 0 (its lanes own 64
  * k each and read whole aligned scale words). */
 static bool decode_kernel_applies(int64_t k, int32_t max_rows) { return max_rows <= 16 && k % 64 == 0; }
@@ -3536,22 +3684,26 @@ extern "C" int32_t fp4d_cuda_skinny_pick_splits(const fp4d_skinny_args *args, in
     if (wa_kernel_applies(args)) {
         /* blocks of WA_ROWS rows x (K / splits). The kernel is issue-bound per SM (ncu: the
          * main loop's stalls are "not selected" and "math"), so the time follows the most
-         * phases any SM runs - ceil(blocks / SMs) x phases per block - plus ~3 phases per
+         * phases any SM runs - ceil(blocks / SMs) x phases per block - plus ~6 phases per
          * extra wave of resident blocks (start and drain) and ~1.7 for the split-K exchange.
          * Fitted to the splits sweeps of 14336x4096, 4096x14336 and 7168x18432 at M = 1..16
          * on an H200 (e.g. one split for 14336x4096 at M <= 8: 16.6 us against 18.3 with
-         * two); ties go to more splits (more warps in flight). */
+         * two); ties go to more splits (more warps in flight). The wave cost was 3 until
+         * programmatic dependent launch took the ramp between kernels away: with 3, 7168x18432
+         * at M = 1 took 9 splits in two waves, 30.1-30.5 us against 27.8-28.0 with 4 in one
+         * (FP4DOCTOR_CUDA_WA_WAVE_COST overrides it, for such sweeps). */
         const int64_t tiles = (n + WA_ROWS - 1) / WA_ROWS * num_items, phases = k / WA_PHASE;
         const int64_t slots = sms * wa_blocks_per_sm();
         const int64_t min_splits = (phases + wa_max_phases_per_block(max_rows) - 1) / wa_max_phases_per_block(max_rows);
         const int64_t forced = env_int("FP4DOCTOR_CUDA_WA_SPLITS", 0);
+        const double wave_cost = (double)env_int("FP4DOCTOR_CUDA_WA_WAVE_COST", 6);
         int64_t best_s = min_splits;
         double best = -1.0;
         for (int64_t s = min_splits; s <= phases && s <= 64; s++) {
             if (forced && s != forced && forced >= min_splits && forced <= phases) continue;
             const int64_t blocks = tiles * s, pps = (phases + s - 1) / s;
             const int64_t waves = (blocks + slots - 1) / slots, per_sm = (blocks + sms - 1) / sms;
-            const double cost = (double)(per_sm * pps) + 3.0 * (double)(waves - 1) + (s > 1 ? 1.7 : 0.0);
+            const double cost = (double)(per_sm * pps) + wave_cost * (double)(waves - 1) + (s > 1 ? 1.7 : 0.0);
             if (best < 0 || cost <= best) {
                 best = cost;
                 best_s = s;
@@ -3611,11 +3763,15 @@ static int launch_wa(const fp4d_skinny_args *args, cudaStream_t s)
                                                (int)wa_smem_limit());
     if (e != cudaSuccess) return (int)e;
     const int64_t phases = args->k / WA_PHASE, pps = (phases + args->splits - 1) / args->splits;
-    const size_t smem = (size_t)args->max_rows * (size_t)pps * WA_PHASE * 2;
     if (pps > wa_max_phases_per_block(args->max_rows) || args->splits > phases) return (int)cudaErrorInvalidValue;
     const dim3 grid((unsigned)((args->n + WA_ROWS - 1) / WA_ROWS), (unsigned)args->splits, (unsigned)args->num_items);
-    wa_kernel<AK, BNV, MT><<<grid, WA_WARPS * 32, smem, s>>>(*args);
-    return (int)cudaGetLastError();
+    const size_t smem = pdl_one_per_sm_smem((size_t)args->max_rows * (size_t)pps * WA_PHASE * 2,
+                                            (int64_t)grid.x * grid.y * grid.z);
+    if (smem > (size_t)wa_smem_limit()) {
+        const cudaError_t pe = cudaFuncSetAttribute(wa_kernel<AK, BNV, MT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        if (pe != cudaSuccess) return (int)pe;
+    }
+    return (int)launch_pdl(wa_kernel<AK, BNV, MT>, grid, dim3(WA_WARPS * 32), smem, s, *args);
 }
 
 template <int AK, bool BNV> static int launch_wa_rows(const fp4d_skinny_args *args, cudaStream_t s)
@@ -3762,8 +3918,12 @@ template <int MR, bool BNV> static int launch_gemv(const fp4d_gemv_args *a, cuda
     const int64_t groups = (a->n + gv_rows_per_task(MR) - 1) / gv_rows_per_task(MR);
     const int64_t row_blocks = (groups + GV_WARPS * a->tasks_per_warp - 1) / (GV_WARPS * a->tasks_per_warp);
     const dim3 grid((unsigned)row_blocks, (unsigned)a->splits);
-    gemv_kernel<MR, BNV><<<grid, GV_WARPS * 32, (size_t)MR * (size_t)a->k_split * sizeof(float), s>>>(*a);
-    return (int)cudaGetLastError();
+    const size_t smem = pdl_one_per_sm_smem((size_t)MR * (size_t)a->k_split * sizeof(float), row_blocks * a->splits);
+    if (smem > 48 * 1024) {
+        const cudaError_t e = cudaFuncSetAttribute(gemv_kernel<MR, BNV>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        if (e != cudaSuccess) return (int)e;
+    }
+    return (int)launch_pdl(gemv_kernel<MR, BNV>, grid, dim3(GV_WARPS * 32), smem, s, *a);
 }
 
 extern "C" int fp4d_cuda_gemv(const fp4d_gemv_args *a, void *stream)
@@ -3801,6 +3961,9 @@ extern "C" int fp4d_cuda_amax(int src_type, const void *src, size_t count, float
 __global__ void __launch_bounds__(256) read_stream_kernel(const uint4 *__restrict__ src, int64_t n16,
                                                           uint32_t *__restrict__ sink)
 {
+    /* with programmatic dependent launch (like the decode kernels) the next read starts while
+     * this one drains: the bytes are never written by these kernels */
+    pdl_trigger();
     uint32_t x = 0;
     const int64_t step = (int64_t)gridDim.x * blockDim.x;
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -3813,6 +3976,7 @@ __global__ void __launch_bounds__(256) read_stream_kernel(const uint4 *__restric
         const uint4 a = load_stream_16(src + i);
         x ^= a.x + a.y + a.z + a.w;
     }
+    pdl_wait();
     if (x == 0x9E3779B9u) *sink = x; /* practically never: keeps the loads */
 }
 
@@ -3823,8 +3987,8 @@ extern "C" int fp4d_cuda_read_stream(const void *src, size_t bytes, uint32_t *si
     if (n16 == 0) return cudaSuccess;
     int64_t blocks = (int64_t)(sm_count > 0 ? sm_count : 132) * 8, need = (n16 + 255) / 256;
     if (blocks > need) blocks = need;
-    read_stream_kernel<<<(unsigned)blocks, 256, 0, (cudaStream_t)stream>>>((const uint4 *)src, n16, sink);
-    return (int)cudaGetLastError();
+    return (int)launch_pdl(read_stream_kernel, dim3((unsigned)blocks), dim3(256), 0, (cudaStream_t)stream,
+                           (const uint4 *)src, n16, sink);
 }
 
 extern "C" int fp4d_cuda_e2m1_sweep(float s, uint64_t *mismatches, uint32_t *first_bad)
