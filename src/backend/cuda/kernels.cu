@@ -3095,47 +3095,6 @@ int grid_for(int64_t work, int threads)
     return (int)blocks;
 }
 
-/* FP4DOCTOR_CUDA_PDL=0 launches the decode kernels without programmatic dependent launch
- * (A/B timing); below compute capability 9.0 there is none */
-static bool pdl_enabled(void)
-{
-    static int cached[64]; /* per device: 0 not asked yet, 1 on, 2 off */
-    int dev = 0, major = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) {
-        (void)cudaGetLastError();
-        return false;
-    }
-    if (!cached[dev]) {
-        const char *env = getenv("FP4DOCTOR_CUDA_PDL");
-        if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
-            (void)cudaGetLastError();
-            major = 0;
-        }
-        cached[dev] = major >= 9 && !(env && atoi(env) == 0) ? 1 : 2;
-    }
-    return cached[dev] == 1;
-}
-
-/* kernel<<<grid, block, smem, s>>>(args...), with programmatic dependent launch where enabled:
- * only for kernels that call pdl_wait() before their first dependent access (see pdl_wait) */
-template <typename... Params, typename... Args>
-static cudaError_t launch_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t s,
-                              Args... args)
-{
-    cudaLaunchAttribute attr;
-    memset(&attr, 0, sizeof attr);
-    attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr.val.programmaticStreamSerializationAllowed = 1;
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = grid;
-    cfg.blockDim = block;
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = s;
-    cfg.attrs = &attr;
-    cfg.numAttrs = pdl_enabled() ? 1 : 0;
-    return cudaLaunchKernelEx(&cfg, kernel, args...);
-}
-
 } /* namespace */
 
 /* ---------------------------------------------------------------------------------------
@@ -3211,6 +3170,50 @@ static int cached_device_index(void)
         return -1;
     }
     return dev;
+}
+
+/* FP4DOCTOR_CUDA_PDL=0 launches the decode kernels without programmatic dependent launch
+ * (A/B timing). It is on only where the code that runs was compiled for sm_90 or newer: a
+ * kernel JIT-compiled from older PTX (a custom FP4D_CUDA_ARCHS) has no griddepcontrol.wait,
+ * and launching it early would race. */
+static bool pdl_enabled(void)
+{
+    enum { UNKNOWN = 0, ON, OFF };
+    static int state[64]; /* per device */
+    const int dev = cached_device_index();
+    if (dev < 0) return false;
+    if (state[dev] == UNKNOWN) {
+        const char *env = getenv("FP4DOCTOR_CUDA_PDL");
+        cudaFuncAttributes attr;
+        const bool compiled_for_90 = cudaFuncGetAttributes(&attr, probe_kernel) == cudaSuccess && attr.ptxVersion >= 90;
+        if (!compiled_for_90) (void)cudaGetLastError();
+        state[dev] = compiled_for_90 && !(env && atoi(env) == 0) ? ON : OFF;
+    }
+    return state[dev] == ON;
+}
+
+extern "C" int fp4d_cuda_pdl_active(void) { return pdl_enabled() ? 1 : 0; }
+
+/* kernel<<<grid, block, smem, s>>>(args...), with programmatic dependent launch where enabled:
+ * only for kernels that call pdl_wait() before their first dependent access (see pdl_wait) */
+template <typename... Params, typename... Args>
+static cudaError_t launch_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t s,
+                              Args... args)
+{
+    cudaLaunchAttribute attr;
+    memset(&attr, 0, sizeof attr);
+    attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr.val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = s;
+    cfg.attrs = &attr;
+    cfg.numAttrs = pdl_enabled() ? 1 : 0;
+    const cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, args...);
+    if (e != cudaSuccess) (void)cudaGetLastError(); /* returned here; not left for a later check */
+    return e;
 }
 
 /* The wgmma kernel runs on compute capability 9.0 when its sm_90a code is in the binary;
@@ -3558,23 +3561,41 @@ extern "C" int fp4d_cuda_simt_gemm(const float *a, const float *b, int64_t m, in
  * about twice as long as one. Launched plainly into an idle GPU, a grid of at most one block
  * per SM gets one per SM; launched early, its blocks fill the free slots beside the previous
  * kernel's blocks, two on some SMs and none on others (the one-token MoE GEMM, 128 blocks,
- * took 33 instead of 25 us; 14336x4096 at M = 1, 112 blocks, 20.6 instead of 18.2). Such a
+ * took 33 instead of 23 us; 14336x4096 at M = 1, 112 blocks, 20.6 instead of 15.4). Such a
  * grid therefore asks for more than half an SM's shared memory, so that no SM can hold two
- * blocks of it or of the kernel before it. Larger grids, and launches without PDL, keep `smem`.
+ * blocks of it (or one of it and one of a padded grid before it). Larger grids, and launches
+ * without PDL, keep `smem`.
  */
+static size_t pdl_padded_smem(int *sm_count);
+
 static size_t pdl_one_per_sm_smem(size_t smem, int64_t blocks)
 {
-    if (!pdl_enabled()) return smem;
-    int dev = 0, sms = 0, per_sm = 0, optin = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess) {
-        (void)cudaGetLastError();
-        return smem;
+    int sms = 0;
+    const size_t half = pdl_padded_smem(&sms);
+    return half == 0 || blocks > sms || smem >= half ? smem : half;
+}
+
+/* The padding of pdl_one_per_sm_smem on the current device - half an SM's shared memory - and
+ * its SM count; 0 without PDL, or where the padded block would not leave room within the
+ * opt-in limit for the kernels' static tables (1-2 KB). */
+static size_t pdl_padded_smem(int *sm_count)
+{
+    static int sms[64], half[64]; /* per device; half: 0 not known yet, -1 none */
+    const int dev = cached_device_index();
+    if (!pdl_enabled() || dev < 0) return 0;
+    if (half[dev] == 0) {
+        int per_sm = 0, optin = 0;
+        if (cudaDeviceGetAttribute(&sms[dev], cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
+            cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev) != cudaSuccess ||
+            cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess) {
+            (void)cudaGetLastError();
+            half[dev] = -1;
+        } else {
+            half[dev] = per_sm / 2 <= optin - 16 * 1024 ? per_sm / 2 : -1;
+        }
     }
-    const size_t half = (size_t)per_sm / 2;
-    if (blocks > sms || smem >= half || half > (size_t)optin - 16 * 1024) return smem;
-    return half;
+    *sm_count = sms[dev];
+    return half[dev] > 0 ? (size_t)half[dev] : 0;
 }
 
 /* The decode kernel takes work items of up to 16 rows when K % 64 == 0 (its lanes own 64
@@ -3757,20 +3778,19 @@ static int launch_decode_rows(const fp4d_skinny_args *args, cudaStream_t s)
 template <int AK, bool BNV, int MT>
 static int launch_wa(const fp4d_skinny_args *args, cudaStream_t s)
 {
-    /* the staged activations may exceed the 48 KB default; set on every launch (the attribute
-     * is per device, and the call is cheap) */
-    const cudaError_t e = cudaFuncSetAttribute(wa_kernel<AK, BNV, MT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                               (int)wa_smem_limit());
-    if (e != cudaSuccess) return (int)e;
     const int64_t phases = args->k / WA_PHASE, pps = (phases + args->splits - 1) / args->splits;
     if (pps > wa_max_phases_per_block(args->max_rows) || args->splits > phases) return (int)cudaErrorInvalidValue;
     const dim3 grid((unsigned)((args->n + WA_ROWS - 1) / WA_ROWS), (unsigned)args->splits, (unsigned)args->num_items);
     const size_t smem = pdl_one_per_sm_smem((size_t)args->max_rows * (size_t)pps * WA_PHASE * 2,
                                             (int64_t)grid.x * grid.y * grid.z);
-    if (smem > (size_t)wa_smem_limit()) {
-        const cudaError_t pe = cudaFuncSetAttribute(wa_kernel<AK, BNV, MT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-        if (pe != cudaSuccess) return (int)pe;
-    }
+    /* the staged activations (or the padding) may exceed the 48 KB default; set on every
+     * launch (the attribute is per device, and the call is cheap), always to the same value
+     * on a device, so that no thread lowers it under another's launch */
+    int sms = 0;
+    const size_t padded = pdl_padded_smem(&sms), staged = (size_t)wa_smem_limit();
+    const cudaError_t e = cudaFuncSetAttribute(wa_kernel<AK, BNV, MT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                               (int)(padded > staged ? padded : staged));
+    if (e != cudaSuccess) return (int)e;
     return (int)launch_pdl(wa_kernel<AK, BNV, MT>, grid, dim3(WA_WARPS * 32), smem, s, *args);
 }
 
@@ -3919,7 +3939,7 @@ template <int MR, bool BNV> static int launch_gemv(const fp4d_gemv_args *a, cuda
     const int64_t row_blocks = (groups + GV_WARPS * a->tasks_per_warp - 1) / (GV_WARPS * a->tasks_per_warp);
     const dim3 grid((unsigned)row_blocks, (unsigned)a->splits);
     const size_t smem = pdl_one_per_sm_smem((size_t)MR * (size_t)a->k_split * sizeof(float), row_blocks * a->splits);
-    if (smem > 48 * 1024) {
+    if (smem > GV_SMEM_FLOATS * sizeof(float)) { /* padded: above the 48 KB a block gets without opt-in */
         const cudaError_t e = cudaFuncSetAttribute(gemv_kernel<MR, BNV>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
         if (e != cudaSuccess) return (int)e;
     }

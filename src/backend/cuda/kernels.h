@@ -202,6 +202,11 @@ int fp4d_cuda_e2m1_sweep(float s, uint64_t *mismatches, uint32_t *first_bad);
  * (cudaErrorNoKernelImageForDevice when no code matches). */
 int fp4d_cuda_kernel_binary_version(int device, int *binary_version, int *ptx_version);
 
+/* Non-zero when the small-M kernels (stream, GEMV, register-decode wgmma) are launched with
+ * programmatic dependent launch on the current device: compute capability 9.0+ code and
+ * FP4DOCTOR_CUDA_PDL not 0. */
+int fp4d_cuda_pdl_active(void);
+
 #ifdef __cplusplus
 }
 #endif
