@@ -3200,8 +3200,7 @@ template <typename... Params, typename... Args>
 static cudaError_t launch_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t s,
                               Args... args)
 {
-    cudaLaunchAttribute attr;
-    memset(&attr, 0, sizeof attr);
+    cudaLaunchAttribute attr = {};
     attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr.val.programmaticStreamSerializationAllowed = 1;
     cudaLaunchConfig_t cfg = {};
@@ -3555,26 +3554,6 @@ extern "C" int fp4d_cuda_simt_gemm(const float *a, const float *b, int64_t m, in
     return (int)cudaGetLastError();
 }
 
-/*
- * Dynamic shared memory for a programmatic-dependent launch of a stream kernel grid of
- * `blocks` blocks. These kernels are issue-bound per SM, so two blocks sharing an SM take
- * about twice as long as one. Launched plainly into an idle GPU, a grid of at most one block
- * per SM gets one per SM; launched early, its blocks fill the free slots beside the previous
- * kernel's blocks, two on some SMs and none on others (the one-token MoE GEMM, 128 blocks,
- * took 33 instead of 23 us; 14336x4096 at M = 1, 112 blocks, 20.6 instead of 15.4). Such a
- * grid therefore asks for more than half an SM's shared memory, so that no SM can hold two
- * blocks of it (or one of it and one of a padded grid before it). Larger grids, and launches
- * without PDL, keep `smem`.
- */
-static size_t pdl_padded_smem(int *sm_count);
-
-static size_t pdl_one_per_sm_smem(size_t smem, int64_t blocks)
-{
-    int sms = 0;
-    const size_t half = pdl_padded_smem(&sms);
-    return half == 0 || blocks > sms || smem >= half ? smem : half;
-}
-
 /* The padding of pdl_one_per_sm_smem on the current device - half an SM's shared memory - and
  * its SM count; 0 without PDL, or where the padded block would not leave room within the
  * opt-in limit for the kernels' static tables (1-2 KB). */
@@ -3596,6 +3575,24 @@ static size_t pdl_padded_smem(int *sm_count)
     }
     *sm_count = sms[dev];
     return half[dev] > 0 ? (size_t)half[dev] : 0;
+}
+
+/*
+ * Dynamic shared memory for a programmatic-dependent launch of a stream kernel grid of
+ * `blocks` blocks. These kernels are issue-bound per SM, so two blocks sharing an SM take
+ * about twice as long as one. Launched plainly into an idle GPU, a grid of at most one block
+ * per SM gets one per SM; launched early, its blocks fill the free slots beside the previous
+ * kernel's blocks, two on some SMs and none on others (the one-token MoE GEMM, 128 blocks,
+ * took 33 instead of 23 us; 14336x4096 at M = 1, 112 blocks, 20.6 instead of 15.4). Such a
+ * grid therefore asks for more than half an SM's shared memory, so that no SM can hold two
+ * blocks of it (or one of it and one of a padded grid before it). Larger grids, and launches
+ * without PDL, keep `smem`.
+ */
+static size_t pdl_one_per_sm_smem(size_t smem, int64_t blocks)
+{
+    int sms = 0;
+    const size_t half = pdl_padded_smem(&sms);
+    return half == 0 || blocks > sms || smem >= half ? smem : half;
 }
 
 /* The decode kernel takes work items of up to 16 rows when K % 64 == 0 (its lanes own 64
