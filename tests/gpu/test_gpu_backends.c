@@ -649,7 +649,7 @@ static void chain_gemm(chain_bufs *cb, int which, const void *act, int64_t m, in
     const uint8_t *codes = which ? cb->w2 : cb->w1, *scales = which ? cb->s2 : cb->s1;
     int e;
     if (fp4d_cuda_gemv_applies(FP4D_DTYPE_BF16, FP4D_DTYPE_NVFP4, m, k)) {
-        fp4d_gemv_args g = {FP4D_DTYPE_BF16, act, NULL, 0, 1, FP4D_DTYPE_NVFP4, FP4D_LAYOUT_SWIZZLED_128X4, codes, scales,
+        fp4d_gemv_args g = {FP4D_DTYPE_BF16, act, NULL, 0, (int32_t)m, FP4D_DTYPE_NVFP4, FP4D_LAYOUT_SWIZZLED_128X4, codes, scales,
                             alpha, n, k, out_type, out, 0, 0, 0, cb->partials, cb->counters};
         size_t pb = 0, cc = 0;
         assert_int_equal(fp4d_cuda_gemv_plan(&g, 132, &pb, &cc), 0);
