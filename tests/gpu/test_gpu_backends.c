@@ -622,9 +622,13 @@ static void test_cuda_e2m1_rounding_exhaustive(void **state)
 }
 
 #ifdef FP4D_TEST_CUDA_KERNELS
+/* chained pairs per case, and the split-K scratch every launch of a case shares */
+enum { CHAIN_PAIRS = 8 };
+static const size_t chain_partial_bytes = 64u << 20, chain_counters = 1u << 20;
+
 /* Device buffers of one chained GEMM pair and the scratch its launches share. */
 typedef struct chain_bufs {
-    void         *a, *y, *z[8], *scratch_a;
+    void         *a, *y, *z[CHAIN_PAIRS], *scratch_a;
     uint8_t      *w1, *s1, *w2, *s2;
     float        *partials, *alphas;
     uint32_t     *counters;
@@ -653,7 +657,7 @@ static void chain_gemm(chain_bufs *cb, int which, const void *act, int64_t m, in
                             alpha, n, k, out_type, out, 0, 0, 0, cb->partials, cb->counters};
         size_t pb = 0, cc = 0;
         assert_int_equal(fp4d_cuda_gemv_plan(&g, 132, &pb, &cc), 0);
-        assert_true(pb <= 64u << 20 && cc <= 1u << 20);
+        assert_true(pb <= chain_partial_bytes && cc <= chain_counters);
         e = fp4d_cuda_gemv(&g, s);
     } else if (m <= 16) {
         fp4d_skinny_args a = {FP4D_DTYPE_BF16, act, NULL, 0, m, FP4D_DTYPE_NVFP4, FP4D_LAYOUT_SWIZZLED_128X4,
@@ -664,13 +668,13 @@ static void chain_gemm(chain_bufs *cb, int which, const void *act, int64_t m, in
         a.splits = fp4d_cuda_skinny_pick_splits(&a, 132);
         size_t pb = 0, cc = 0;
         fp4d_cuda_skinny_scratch(n, 1, a.splits, (int32_t)m, &pb, &cc);
-        assert_true(pb <= 64u << 20 && cc <= 1u << 20);
+        assert_true(pb <= chain_partial_bytes && cc <= chain_counters);
         e = fp4d_cuda_skinny_gemm(&a, s);
     } else {
         const int32_t splits = fp4d_cuda_fused_splits(m, n, k, 132);
         size_t pf = 0, cc = 0;
         fp4d_cuda_fused_scratch(m, n, splits, &pf, &cc);
-        assert_true(pf * 4 <= 64u << 20 && cc <= 1u << 20);
+        assert_true(pf * sizeof(float) <= chain_partial_bytes && cc <= chain_counters);
         e = fp4d_cuda_fused_gemm(FP4D_DTYPE_BF16, act, codes, scales, FP4D_LAYOUT_SWIZZLED_128X4, m, n, k, alpha, out_type,
                                  out, splits, cb->partials, cb->counters, cb->scratch_a, s);
     }
@@ -699,7 +703,7 @@ static void test_cuda_pdl_chain(void **state)
     /* without PDL (before sm_90, or FP4DOCTOR_CUDA_PDL=0) the chain is still checked, but
      * only stream order is then exercised */
     fprintf(stderr, "  programmatic dependent launch: %s\n", fp4d_cuda_pdl_active() ? "on" : "off");
-    const int64_t N1 = 1536, N2 = 640, pairs = 8;
+    const int64_t N1 = 1536, N2 = 640;
     const int64_t ms[] = {1, 8, 64};
     for (int mi = 0; mi < 3; mi++) {
         const int64_t M = ms[mi], K = M == 1 ? 2080 : 2048;
@@ -715,14 +719,14 @@ static void test_cuda_pdl_chain(void **state)
         cb.s2 = dev_copy(W2.scales, fp4d_scale_buffer_size(FP4D_LAYOUT_SWIZZLED_128X4, N2, N1 / 16));
         cb.y = dev_copy(NULL, (size_t)(M * N1) * 2);
         assert_int_equal(cudaMemset(cb.y, 0xFF, (size_t)(M * N1) * 2), cudaSuccess); /* NaN */
-        for (int i = 0; i < pairs; i++) cb.z[i] = dev_copy(NULL, (size_t)(M * N2) * 4);
+        for (int i = 0; i < CHAIN_PAIRS; i++) cb.z[i] = dev_copy(NULL, (size_t)(M * N2) * 4);
         cb.scratch_a = dev_copy(NULL, (size_t)(M * (K > N1 ? K : N1)) * 2);
-        cb.partials = dev_copy(NULL, 64u << 20);
-        cb.counters = dev_copy(NULL, (1u << 20) * 4);
-        assert_int_equal(cudaMemset(cb.counters, 0, (1u << 20) * 4), cudaSuccess);
-        float alphas[9];
-        for (int i = 0; i < pairs; i++) alphas[i] = ldexpf(0.25f, i);
-        alphas[8] = 0.5f;
+        cb.partials = dev_copy(NULL, chain_partial_bytes);
+        cb.counters = dev_copy(NULL, chain_counters * sizeof(uint32_t));
+        assert_int_equal(cudaMemset(cb.counters, 0, chain_counters * sizeof(uint32_t)), cudaSuccess);
+        float alphas[CHAIN_PAIRS + 1]; /* the first GEMM's 2^i / 4, then the second GEMM's */
+        for (int i = 0; i < CHAIN_PAIRS; i++) alphas[i] = ldexpf(0.25f, i);
+        alphas[CHAIN_PAIRS] = 0.5f;
         cb.alphas = dev_copy(alphas, sizeof alphas);
         const uint8_t *tables[4] = {cb.w1, cb.s1, cb.w2, cb.s2};
         cb.tables = dev_copy(tables, sizeof tables);
@@ -732,22 +736,22 @@ static void test_cuda_pdl_chain(void **state)
         assert_int_equal(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
         /* the uploads and memsets above went to the legacy stream, which s does not wait for */
         assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
-        for (int i = 0; i < pairs; i++) {
+        for (int i = 0; i < CHAIN_PAIRS; i++) {
             chain_gemm(&cb, 0, cb.a, M, N1, K, cb.alphas + i, alphas[i], FP4D_DTYPE_BF16, cb.y, s);
-            chain_gemm(&cb, 1, cb.y, M, N2, N1, cb.alphas + 8, alphas[8], FP4D_DTYPE_F32, cb.z[i], s);
+            chain_gemm(&cb, 1, cb.y, M, N2, N1, cb.alphas + CHAIN_PAIRS, alphas[CHAIN_PAIRS], FP4D_DTYPE_F32, cb.z[i], s);
         }
         assert_int_equal(cudaStreamSynchronize(s), cudaSuccess);
-        float *z[8];
+        float *z[CHAIN_PAIRS];
         uint16_t *y = malloc((size_t)(M * N1) * 2);
         assert_non_null(y);
-        for (int i = 0; i < pairs; i++) {
+        for (int i = 0; i < CHAIN_PAIRS; i++) {
             z[i] = malloc((size_t)(M * N2) * 4);
             assert_non_null(z[i]);
             assert_int_equal(cudaMemcpy(z[i], cb.z[i], (size_t)(M * N2) * 4, cudaMemcpyDeviceToHost), cudaSuccess);
         }
         assert_int_equal(cudaMemcpy(y, cb.y, (size_t)(M * N1) * 2, cudaMemcpyDeviceToHost), cudaSuccess);
         int bad = 0;
-        for (int i = 1; i < pairs; i++)
+        for (int i = 1; i < CHAIN_PAIRS; i++)
             for (int64_t j = 0; j < M * N2; j++)
                 if (!(z[i][j] == ldexpf(z[0][j], i)) && bad++ < 5)
                     fprintf(stderr, "  M = %lld: z_%d[%lld] = %.9g, 2^%d z_0 = %.9g\n", (long long)M, i, (long long)j,
@@ -756,18 +760,18 @@ static void test_cuda_pdl_chain(void **state)
         const fp4d_matrix ym = {FP4D_DTYPE_BF16, M, N1, y, NULL, FP4D_LAYOUT_LINEAR};
         float *ref = malloc((size_t)(M * N2) * 4);
         assert_non_null(ref);
-        fp4d_gemm_problem p = {ym, W2.m, alphas[8], FP4D_DTYPE_F32, ref};
+        fp4d_gemm_problem p = {ym, W2.m, alphas[CHAIN_PAIRS], FP4D_DTYPE_F32, ref};
         assert_int_equal(fp4d_ref_gemm(&p), FP4D_STATUS_OK);
         float *af = to_f32(&ym), *bf = to_f32(&W2.m);
         char label[64];
         snprintf(label, sizeof label, "chained GEMM M=%lld", (long long)M);
-        bad += compare(label, &p, z[pairs - 1], ref, af, bf, 0);
+        bad += compare(label, &p, z[CHAIN_PAIRS - 1], ref, af, bf, 0);
         assert_int_equal(bad, 0);
         free(af);
         free(bf);
         free(ref);
         free(y);
-        for (int i = 0; i < pairs; i++) {
+        for (int i = 0; i < CHAIN_PAIRS; i++) {
             free(z[i]);
             cudaFree(cb.z[i]);
         }
