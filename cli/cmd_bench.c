@@ -153,6 +153,7 @@ typedef struct row {
     int64_t m, n, k, experts, tokens;
     double  us, min_us, tflops, gbps;
     double  speedup; /* NAN when there is no anchor */
+    int     order;   /* position in measurement order (rows are reported grouped by backend) */
     char    status[320];
 } row;
 
@@ -170,9 +171,10 @@ static row *add_row(rows *r)
         r->v = v;
         r->cap = cap;
     }
-    row *x = &r->v[r->n++];
+    row *x = &r->v[r->n];
     memset(x, 0, sizeof *x);
     x->speedup = NAN;
+    x->order = (int)r->n++;
     return x;
 }
 
@@ -248,6 +250,24 @@ static void fill_speedups(rows *rs)
     }
 }
 
+/* Rows were measured configuration by configuration, every backend in turn; reported one
+ * backend after the other (in the order they were asked for), each in measurement order. */
+static void group_by_backend(rows *rs)
+{
+    row *sorted = rs->n ? malloc(rs->n * sizeof *sorted) : NULL;
+    if (!sorted) return; /* out of memory: reported in measurement order */
+    size_t out = 0;
+    for (size_t i = 0; i < rs->n; i++) {
+        bool seen = false;
+        for (size_t j = 0; j < i && !seen; j++) seen = !strcmp(rs->v[j].backend, rs->v[i].backend);
+        if (seen) continue;
+        for (size_t j = i; j < rs->n; j++)
+            if (!strcmp(rs->v[j].backend, rs->v[i].backend)) sorted[out++] = rs->v[j];
+    }
+    memcpy(rs->v, sorted, rs->n * sizeof *sorted);
+    free(sorted);
+}
+
 static void print_rows(const rows *rs)
 {
     printf("%-12s %-6s %3s %6s %6s %6s %4s %11s %9s %9s %8s\n", "backend", "mode", "dev", "M", "N", "K", "E", "median_us",
@@ -274,6 +294,7 @@ static json_t *rows_json(const rows *rs)
         json_t *o = json_pack("{s:s, s:s, s:i, s:I, s:I, s:I, s:I, s:I, s:s}", "backend", r->backend, "mode", r->mode,
                               "device", r->device, "m", (json_int_t)r->m, "n", (json_int_t)r->n, "k", (json_int_t)r->k,
                               "experts", (json_int_t)r->experts, "tokens", (json_int_t)r->tokens, "status", r->status);
+        json_object_set_new(o, "measured_order", json_integer(r->order));
         if (!strcmp(r->status, "OK")) {
             json_object_set_new(o, "median_us", json_real(r->us));
             json_object_set_new(o, "min_us", json_real(r->min_us));
@@ -381,12 +402,18 @@ int cmd_bench(int argc, char **argv)
             fprintf(stdout, "# GPU %d: %s (compute capability %d.%d, %d SMs, %.0f MB L2)\n", dev, ci.gpus[dev].name,
                     ci.gpus[dev].cc_major, ci.gpus[dev].cc_minor, ci.gpus[dev].sm_count,
                     (double)ci.gpus[dev].l2_bytes / 1e6);
+        /* every backend's context first, then each configuration timed on all of them back to
+         * back, so that the two sides of a ratio are measured seconds apart under the same
+         * clocks and power state. Timed one backend after the other, they were minutes apart:
+         * a full run on an H200 spends most of its time at the 700 W power cap, with SM clocks
+         * anywhere from 1575 to 1980 MHz (docs/performance.md). */
+        const fp4d_backend_iface *its[MAX_LIST] = {0};
+        void *ctxs[MAX_LIST] = {0};
         for (int b = 0; b < o.num_backends; b++) {
             const fp4d_backend_iface *it = fp4d_registry_find(o.backends[b]);
-            void *ctx = NULL;
             fp4d_reason why = {{0}};
             const int use_dev = (it->caps & FP4D_CAP_NEEDS_DEVICE) ? (dev < 0 ? 0 : dev) : -1;
-            if (it->init(it->user_data, use_dev, &ctx, &why) != FP4D_STATUS_OK) {
+            if (it->init(it->user_data, use_dev, &ctxs[b], &why) != FP4D_STATUS_OK) {
                 row *r = add_row(&rs);
                 if (r) {
                     snprintf(r->backend, sizeof r->backend, "%s", it->name);
@@ -396,21 +423,25 @@ int cmd_bench(int argc, char **argv)
                 }
                 continue;
             }
-            for (int s = 0; o.dense && s < o.num_nk; s++)
-                for (int mi = 0; mi < o.num_ms; mi++)
-                    for (int mode = 0; mode < 2; mode++) {
-                        fp4d_gemm_desc d = {o.ms[mi], o.nk[s][0], o.nk[s][1],
-                                            mode ? FP4D_DTYPE_NVFP4 : FP4D_DTYPE_BF16, FP4D_DTYPE_NVFP4, FP4D_DTYPE_BF16,
-                                            FP4D_LAYOUT_SWIZZLED_128X4, FP4D_LAYOUT_SWIZZLED_128X4, 0};
-                        run_one(it, ctx, it->name, dev, mode ? "W4A4" : "W4A16", &d, 0, o.repeats, &rs);
-                    }
-            for (int ti = 0; o.moe && ti < o.num_tokens; ti++) {
-                fp4d_gemm_desc d = {o.tokens[ti] * 8, 2048, 7168, FP4D_DTYPE_BF16, FP4D_DTYPE_NVFP4, FP4D_DTYPE_BF16,
-                                    FP4D_LAYOUT_SWIZZLED_128X4, FP4D_LAYOUT_SWIZZLED_128X4, 128};
-                run_one(it, ctx, it->name, dev, "MoE", &d, o.tokens[ti], o.repeats < 10 ? o.repeats : 10, &rs);
-            }
-            it->free(ctx);
+            its[b] = it;
         }
+        for (int s = 0; o.dense && s < o.num_nk; s++)
+            for (int mi = 0; mi < o.num_ms; mi++)
+                for (int mode = 0; mode < 2; mode++) {
+                    fp4d_gemm_desc d = {o.ms[mi], o.nk[s][0], o.nk[s][1],
+                                        mode ? FP4D_DTYPE_NVFP4 : FP4D_DTYPE_BF16, FP4D_DTYPE_NVFP4, FP4D_DTYPE_BF16,
+                                        FP4D_LAYOUT_SWIZZLED_128X4, FP4D_LAYOUT_SWIZZLED_128X4, 0};
+                    for (int b = 0; b < o.num_backends; b++)
+                        if (its[b]) run_one(its[b], ctxs[b], its[b]->name, dev, mode ? "W4A4" : "W4A16", &d, 0, o.repeats, &rs);
+                }
+        for (int ti = 0; o.moe && ti < o.num_tokens; ti++) {
+            fp4d_gemm_desc d = {o.tokens[ti] * 8, 2048, 7168, FP4D_DTYPE_BF16, FP4D_DTYPE_NVFP4, FP4D_DTYPE_BF16,
+                                FP4D_LAYOUT_SWIZZLED_128X4, FP4D_LAYOUT_SWIZZLED_128X4, 128};
+            for (int b = 0; b < o.num_backends; b++)
+                if (its[b]) run_one(its[b], ctxs[b], its[b]->name, dev, "MoE", &d, o.tokens[ti], o.repeats < 10 ? o.repeats : 10, &rs);
+        }
+        for (int b = 0; b < o.num_backends; b++)
+            if (its[b]) its[b]->free(ctxs[b]);
 #ifdef FP4D_USE_CUDA
         /* per shape, the time to merely read its NVFP4 codes + scales once: no kernel that
          * streams the weights can beat it, so cublas-bf16's decode time over it bounds the
@@ -475,6 +506,7 @@ int cmd_bench(int argc, char **argv)
 #endif
     }
     fill_speedups(&rs);
+    group_by_backend(&rs);
     if (table) print_rows(&rs);
     for (size_t i = 0; i < rs.n; i++)
         if (!strncmp(rs.v[i].status, "ERROR", 5)) failures++;

@@ -1,7 +1,8 @@
 /*
- * The foundation CLI commands (quantize, dequantize, gemm, verify) run as a user would run
- * them: the built binary ($FP4DOCTOR_BIN, set by ctest) on files generated here, with the
- * results checked against the library called directly and the exit codes of bad input.
+ * The foundation CLI commands (quantize, dequantize, gemm, verify, and bench on the host
+ * backends) run as a user would run them: the built binary ($FP4DOCTOR_BIN, set by ctest) on
+ * files generated here, with the results checked against the library called directly and the
+ * exit codes of bad input.
  */
 #include <dirent.h>
 #include <math.h>
@@ -16,6 +17,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 #include <cmocka.h>
+#include <jansson.h>
 
 #include "fp4doctor/formats.h"
 #include "fp4doctor/io.h"
@@ -427,6 +429,47 @@ static void test_bad_input_exit_codes(void **state)
     }
 }
 
+/* bench times every configuration on all backends in turn (measured_order: the two backends'
+ * rows of one configuration are adjacent), and reports the rows one backend after the other,
+ * in the order asked for, each backend's rows in configuration order. */
+static void test_bench_host_backends(void **state)
+{
+    (void)state;
+    assert_int_equal(run_cli("bench --backend ref,cpu --shapes 64x64,32x128 --m 1,3 --no-moe --no-quantize --repeats 2 "
+                             "--json '%s'",
+                             path_of("bench.json")),
+                     0);
+    json_error_t err;
+    json_t *root = json_load_file(path_of("bench.json"), 0, &err);
+    assert_non_null(root);
+    json_t *res = json_object_get(root, "results");
+    assert_true(json_is_array(res));
+    const char *backends[2] = {"ref", "cpu"};
+    const int64_t shapes[2][2] = {{64, 64}, {32, 128}}, ms[2] = {1, 3};
+    const char *modes[2] = {"W4A16", "W4A4"};
+    assert_int_equal(json_array_size(res), 2 * 2 * 2 * 2);
+    size_t i = 0;
+    for (int b = 0; b < 2; b++)
+        for (int s = 0; s < 2; s++)
+            for (int m = 0; m < 2; m++)
+                for (int mode = 0; mode < 2; mode++, i++) {
+                    const json_t *r = json_array_get(res, i);
+                    assert_string_equal(json_string_value(json_object_get(r, "backend")), backends[b]);
+                    assert_string_equal(json_string_value(json_object_get(r, "mode")), modes[mode]);
+                    assert_int_equal(json_integer_value(json_object_get(r, "n")), shapes[s][0]);
+                    assert_int_equal(json_integer_value(json_object_get(r, "k")), shapes[s][1]);
+                    assert_int_equal(json_integer_value(json_object_get(r, "m")), ms[m]);
+                    assert_string_equal(json_string_value(json_object_get(r, "status")), "OK");
+                    assert_true(json_real_value(json_object_get(r, "median_us")) > 0.0);
+                    const int64_t config = (s * 2 + m) * 2 + mode;
+                    assert_int_equal(json_integer_value(json_object_get(r, "measured_order")), config * 2 + b);
+                }
+    json_decref(root);
+    /* an unknown backend is a usage error, before anything is timed */
+    assert_int_equal(run_cli("bench --backend ref,nope --shapes 64x64 --m 1"), 2);
+    assert_true(output_contains("stderr.txt", "nope"));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -435,6 +478,7 @@ int main(void)
         cmocka_unit_test(test_dequantize_round_trip),
         cmocka_unit_test(test_gemm_ref_and_verify),
         cmocka_unit_test(test_bad_input_exit_codes),
+        cmocka_unit_test(test_bench_host_backends),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
