@@ -1412,6 +1412,9 @@ struct fused_args {
     const uint8_t *const   *g_codes;
     const uint8_t *const   *g_scales;
     const float            *g_alpha;
+    /* wgt_kernel with splits == 1: the last tail_tiles tiles (the grid's last, partial round)
+     * run as tail_splits K parts each, reduced like split-K (dense_tail_plan); 0: none */
+    int32_t tail_tiles, tail_splits;
 };
 
 __device__ __forceinline__ void store_out2(int out_type, void *out, int64_t idx, float v0, float v1, bool both,
@@ -1769,10 +1772,10 @@ __device__ __forceinline__ void consumer_bar_sync() { asm volatile("bar.sync 1, 
  * by the 256 consumer threads (named barrier 1), `flag` in shared memory. */
 template <int NACC>
 __device__ __forceinline__ bool wg_splitk_last(const fused_args &p, float (&acc)[NACC], int64_t tile, int split,
-                                               uint32_t *flag)
+                                               int splits, uint32_t *flag)
 {
     const int tid = threadIdx.x;
-    float *base = p.partials + tile * (int64_t)p.splits * (NACC * 256);
+    float *base = p.partials + tile * (int64_t)splits * (NACC * 256);
     float *mine = base + (int64_t)split * (NACC * 256);
 #pragma unroll
     for (int i = 0; i < NACC; i++) __stcg(mine + i * 256 + tid, acc[i]);
@@ -1780,13 +1783,13 @@ __device__ __forceinline__ bool wg_splitk_last(const fused_args &p, float (&acc)
     consumer_bar_sync();
     if (tid == 0) *flag = atomicAdd(p.counters + tile, 1u);
     consumer_bar_sync();
-    const bool last = *flag == (uint32_t)p.splits - 1;
+    const bool last = *flag == (uint32_t)splits - 1;
     consumer_bar_sync(); /* flag is read before any thread can reuse it */
     if (!last) return false;
     __threadfence();
 #pragma unroll
     for (int i = 0; i < NACC; i++) acc[i] = __ldcg(base + i * 256 + tid);
-    for (int sp = 1; sp < p.splits; sp++) {
+    for (int sp = 1; sp < splits; sp++) {
         const float *src = base + (int64_t)sp * (NACC * 256);
 #pragma unroll
         for (int i = 0; i < NACC; i++) acc[i] += __ldcg(src + i * 256 + tid);
@@ -1923,7 +1926,7 @@ __global__ void __launch_bounds__(WG_THREADS, 1) wg_kernel(const fused_args p)
     cp_async_wait<0>();
 
     __shared__ uint32_t splitk_flag;
-    if (p.splits > 1 && !wg_splitk_last(p, acc, blockIdx.x, blockIdx.y, &splitk_flag)) return;
+    if (p.splits > 1 && !wg_splitk_last(p, acc, blockIdx.x, blockIdx.y, p.splits, &splitk_flag)) return;
     wg_store_acc(p, acc, m0 + wgi * 64, n0, p.alpha * (DENSE ? 1.0f : 128.0f));
 #else
     (void)p;
@@ -2056,15 +2059,34 @@ __global__ void __launch_bounds__(WGT_THREADS, 1)
 
     /* persistent: CTA b takes work units b, b + grid, ... (unit = tile x split, tiles in the
      * grouped raster); the stage ring runs on across units, so the producer loads the next
-     * unit's first stages while the consumers write the previous unit's outputs */
+     * unit's first stages while the consumers write the previous unit's outputs. With a tail
+     * plan, units are the whole tiles but the last tail_tiles, then those tiles' K parts:
+     * every CTA takes the same number of whole tiles and at most a few parts (slot: the
+     * split-K slot of a part's tile, numbered from the first tail tile). */
     const int64_t mt_count = (p.m + WG_BM - 1) / WG_BM, nt_count = (p.n + WG_BN - 1) / WG_BN;
-    const int64_t tiles = mt_count * nt_count, units = tiles * p.splits;
-    const int64_t ktiles = p.k / WG_BK;
-    auto unit_coords = [&](int64_t u, int64_t &m0, int64_t &n0, int64_t &kt0, int &nkt, int &split) {
-        split = (int)(u / tiles);
-        wg_tile_origin(u % tiles, mt_count, nt_count, m0, n0);
-        kt0 = (int64_t)split * p.ktiles_per_split;
-        nkt = (int)max((int64_t)0, min((int64_t)p.ktiles_per_split, ktiles - kt0));
+    const int64_t tiles = mt_count * nt_count, ktiles = p.k / WG_BK;
+    const bool tail = p.tail_splits > 1;
+    const int64_t whole = tail ? tiles - p.tail_tiles : 0;
+    const int64_t units = tail ? whole + (int64_t)p.tail_tiles * p.tail_splits : tiles * p.splits;
+    const int64_t tail_kpp = tail ? (ktiles + p.tail_splits - 1) / p.tail_splits : 0;
+    auto unit_coords = [&](int64_t u, int64_t &m0, int64_t &n0, int64_t &kt0, int &nkt, int &split, int &nsplit,
+                           int64_t &slot) {
+        int64_t tile, kpp;
+        if (tail && u < whole) {
+            tile = u, split = 0, nsplit = 1, kpp = ktiles, slot = 0;
+        } else if (tail) {
+            /* part-major: the CTAs that run at the same time take the same K part of
+             * neighbouring tiles, and share the panels they read in L2 as whole tiles do (tile
+             * major, a tile's parts ran side by side at different K and 7168x18432 at M = 1024
+             * took 826 instead of 466 us) */
+            tile = whole + (u - whole) % p.tail_tiles, split = (int)((u - whole) / p.tail_tiles);
+            nsplit = p.tail_splits, kpp = tail_kpp, slot = tile - whole;
+        } else {
+            tile = u % tiles, split = (int)(u / tiles), nsplit = p.splits, kpp = p.ktiles_per_split, slot = tile;
+        }
+        wg_tile_origin(tile, mt_count, nt_count, m0, n0);
+        kt0 = (int64_t)split * kpp;
+        nkt = (int)max((int64_t)0, min(kpp, ktiles - kt0));
     };
 
     if (tid == 0) {
@@ -2081,9 +2103,9 @@ __global__ void __launch_bounds__(WGT_THREADS, 1)
         if ((tid & 31) == 0) {
             uint32_t g = 0; /* stages issued so far (ring position and phase) */
             for (int64_t u = blockIdx.x; u < units; u += gridDim.x) {
-                int64_t m0, n0, kt0;
-                int nkt, split;
-                unit_coords(u, m0, n0, kt0, nkt, split);
+                int64_t m0, n0, kt0, slot;
+                int nkt, split, nsplit;
+                unit_coords(u, m0, n0, kt0, nkt, split, nsplit, slot);
                 for (int kt = 0; kt < nkt; kt++, g++) {
                     const uint32_t s = g % WGT_STAGES;
                     if (g >= WGT_STAGES) mbar_wait(bars + 8 * (WGT_STAGES + s), (g / WGT_STAGES - 1) & 1);
@@ -2102,9 +2124,9 @@ __global__ void __launch_bounds__(WGT_THREADS, 1)
     __shared__ uint32_t splitk_flag;
     uint32_t g = 0; /* stages consumed so far */
     for (int64_t u = blockIdx.x; u < units; u += gridDim.x) {
-        int64_t m0, n0, kt0;
-        int nkt, split;
-        unit_coords(u, m0, n0, kt0, nkt, split);
+        int64_t m0, n0, kt0, slot;
+        int nkt, split, nsplit;
+        unit_coords(u, m0, n0, kt0, nkt, split, nsplit, slot);
         float acc[128];
 #pragma unroll
         for (int i = 0; i < 128; i++) acc[i] = 0.0f;
@@ -2118,7 +2140,7 @@ __global__ void __launch_bounds__(WGT_THREADS, 1)
         }
         wg_wait<0>();
         if (nkt > 0 && (tid & 127) == 0) mbar_arrive(bars + 8 * (WGT_STAGES + (g - 1) % WGT_STAGES));
-        if (p.splits > 1 && !wg_splitk_last(p, acc, u % tiles, split, &splitk_flag)) continue;
+        if (nsplit > 1 && !wg_splitk_last(p, acc, slot, split, nsplit, &splitk_flag)) continue;
         const int64_t row0 = m0 + wgi * 64;
         const uint32_t stage = out_stage + wgi * (WGT_OUT_BYTES / 2);
         if (!out_tma) wg_store_acc(p, acc, row0, n0, p.alpha);
@@ -2413,7 +2435,7 @@ __global__ void __launch_bounds__(WGR_THREADS, TOK == 64 ? 2 : 1)
 
     __shared__ uint32_t splitk_flag;
     if (p.splits > 1 &&
-        !wg_splitk_last(p, acc, (int64_t)blockIdx.z * gridDim.x + blockIdx.x, blockIdx.y, &splitk_flag))
+        !wg_splitk_last(p, acc, (int64_t)blockIdx.z * gridDim.x + blockIdx.x, blockIdx.y, p.splits, &splitk_flag))
         return;
     /* accumulator i: token block i / 4, weight row r_lo (+8 when i % 4 >= 2), token
      * 8 (i / 4) + 2t (+1 for odd i): out[token, row], stored transposed */
@@ -3364,6 +3386,60 @@ extern "C" void fp4d_cuda_fused_scratch(int64_t m, int64_t n, int32_t splits, si
     *counter_count = splits > 1 ? (tiles > tiles_r ? tiles : tiles_r) : 0;
 }
 
+/*
+ * The persistent dense kernel's last, partial round: `tiles` tiles on `grid` CTAs leave
+ * R = tiles % grid tiles for a round in which the other CTAs idle (14336x4096 at M = 8192:
+ * 3584 tiles, 27 rounds and 20 tiles, 3% of the time). Those R tiles can run as S K parts
+ * each, reduced like split-K, one part per CTA (R S <= grid), so that the round takes
+ * ceil(ktiles / S) k tiles plus ~2 for writing the 128 KB partial tile and ~1.5 per part for
+ * the CTA that sums them. Returns the S of least modelled time (1: no split; at most 16 parts
+ * of at least 4 k tiles each, and only where it saves 5% of the round), and the tail's tiles.
+ * Measured on an H200 (same-run A/B): 14336x4096 M = 1024 4-5% and M = 8192 1% faster; where
+ * CTAs had to take several parts (4096x14336 and 7168x18432 at M = 8192, R S up to 500) the
+ * model's gain did not show (0 to -3%), hence one part per CTA. FP4DOCTOR_CUDA_WG_TAIL=0: none.
+ */
+static int32_t dense_tail_plan(int64_t tiles, int64_t ktiles, int64_t grid, int64_t *tail_tiles)
+{
+    *tail_tiles = 0;
+    const char *env = getenv("FP4DOCTOR_CUDA_WG_TAIL");
+    if ((env && atoi(env) == 0) || grid < 2 || tiles <= grid || tiles % grid == 0) return 1;
+    const int64_t r = tiles % grid;
+    int64_t best_s = 1;
+    double best = (double)ktiles;
+    for (int64_t s = 2; s <= 16 && ktiles / s >= 4 && r * s <= grid; s++) {
+        const double t = (double)((ktiles + s - 1) / s + 2) + 1.5 * (double)s;
+        if (t < best) best = t, best_s = s;
+    }
+    if (best > 0.95 * (double)ktiles) return 1;
+    *tail_tiles = r;
+    return (int32_t)best_s;
+}
+
+/* SMs of the current device (the persistent grid), 0 when the runtime cannot say */
+static int64_t current_sm_count(void)
+{
+    int dev = 0, sms = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    return sms;
+}
+
+extern "C" void fp4d_cuda_dense_wgmma_scratch(int64_t m, int64_t n, int64_t k, int32_t splits, size_t *partial_floats,
+                                              size_t *counter_count)
+{
+    fp4d_cuda_fused_scratch(m, n, splits, partial_floats, counter_count);
+    int64_t tail_tiles = 0;
+    const int64_t tiles = ((m + WG_BM - 1) / WG_BM) * ((n + WG_BN - 1) / WG_BN);
+    const int32_t s = splits == 1 ? dense_tail_plan(tiles, k / WG_BK, current_sm_count(), &tail_tiles) : 1;
+    if (s > 1) {
+        const size_t pf = (size_t)tail_tiles * (size_t)s * WG_BM * WG_BN;
+        if (pf > *partial_floats) *partial_floats = pf;
+        if ((size_t)tail_tiles > *counter_count) *counter_count = (size_t)tail_tiles;
+    }
+}
+
 extern "C" int fp4d_cuda_dense_wgmma(int op_type, const void *a, const void *w, int64_t m, int64_t n, int64_t k,
                                      float alpha, int out_type, void *out, int32_t splits, float *partials,
                                      uint32_t *counters, void *stream)
@@ -3375,7 +3451,7 @@ extern "C" int fp4d_cuda_dense_wgmma(int op_type, const void *a, const void *w, 
     const bool f16 = op_type == FP4D_DTYPE_F16;
     const int64_t ktiles = k / WG_BK;
     fused_args p = {(const uint16_t *)a, (const uint8_t *)w, NULL, 0, m, n, k, alpha, out_type, out,
-                    splits, (int32_t)((ktiles + splits - 1) / splits), partials, counters, NULL, 0, NULL, NULL, NULL};
+                    splits, (int32_t)((ktiles + splits - 1) / splits), partials, counters, NULL, 0, NULL, NULL, NULL, 0, 0};
     const int64_t tiles = ((m + WG_BM - 1) / WG_BM) * ((n + WG_BN - 1) / WG_BN);
     if (tiles > INT32_MAX || splits > 65535) return (int)cudaErrorInvalidConfiguration;
     /* TMA + producer warp when the tensor maps can be made (FP4DOCTOR_CUDA_WG_TMA=0: the
@@ -3390,10 +3466,21 @@ extern "C" int fp4d_cuda_dense_wgmma(int op_type, const void *a, const void *w, 
         if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
             cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess)
             return (int)cudaGetLastError();
-        /* one CTA per SM walking the units, or (FP4DOCTOR_CUDA_WG_PERSISTENT=0) one CTA per unit */
+        /* one CTA per SM walking the units, or (FP4DOCTOR_CUDA_WG_PERSISTENT=0) one CTA per unit;
+         * persistent with scratch, the last partial round's tiles may run in K parts */
         const int64_t units = tiles * splits;
         const char *pers_env = getenv("FP4DOCTOR_CUDA_WG_PERSISTENT");
-        const int64_t grid = pers_env && atoi(pers_env) == 0 ? units : (units < sms ? units : sms);
+        const bool persistent = !pers_env || atoi(pers_env) != 0;
+        const int64_t grid = !persistent ? units : (units < sms ? units : sms);
+        int64_t tail_tiles = 0;
+        const int32_t tail_splits =
+            persistent && splits == 1 && partials && counters && sms == current_sm_count()
+                ? dense_tail_plan(tiles, ktiles, grid, &tail_tiles)
+                : 1;
+        if (tail_splits > 1) {
+            p.tail_tiles = (int32_t)tail_tiles;
+            p.tail_splits = tail_splits;
+        }
         if (grid > INT32_MAX) return (int)cudaErrorInvalidConfiguration;
         /* 16-bit output through TMA stores where a tensor map can describe it (rows of a
          * multiple of 16 bytes from a 16-byte aligned base) and the staging fits */
@@ -3478,7 +3565,7 @@ extern "C" int fp4d_cuda_fused_gemm_grouped(int op_type, const void *a, int64_t 
     const int64_t ktiles = k / WG_BK;
     fused_args p = {(const uint16_t *)a, NULL, NULL, layout, rows_total, n, k, 1.0f, out_type, out,
                     splits, (int32_t)((ktiles + splits - 1) / splits), partials, counters,
-                    items, num_items, codes, scales, alpha};
+                    items, num_items, codes, scales, alpha, 0, 0};
     const int r = run_wgr(op_type == FP4D_DTYPE_F16, a, a_scratch, p, wgr_tok(max_item_rows), (cudaStream_t)stream);
     return r < 0 ? (int)cudaErrorInvalidValue : r;
 }
@@ -3499,7 +3586,7 @@ extern "C" int fp4d_cuda_fused_gemm(int op_type, const void *a, const uint8_t *c
         if (ae != cudaSuccess) return (int)ae;
         if (splits > 1 && !counters) return (int)cudaErrorInvalidValue;
         fused_args p = {(const uint16_t *)a, codes, scales, layout, m, n, k, alpha, out_type, out,
-                        splits, (int32_t)((ktiles_all + splits - 1) / splits), partials, counters, NULL, 0, NULL, NULL, NULL};
+                        splits, (int32_t)((ktiles_all + splits - 1) / splits), partials, counters, NULL, 0, NULL, NULL, NULL, 0, 0};
         /* weights decoded into registers: activations k-permuted into a_scratch (M x K, 16-bit),
          * brought by TMA from there */
         if (wgr_enabled() && a_scratch) {

@@ -97,6 +97,12 @@ int fp4d_cuda_dense_wgmma_available(void);
 int fp4d_cuda_dense_wgmma(int op_type, const void *a, const void *w, int64_t m, int64_t n, int64_t k, float alpha,
                           int out_type, void *out, int32_t splits, float *partials, uint32_t *counters,
                           void *stream);
+/* Scratch for fp4d_cuda_dense_wgmma on the current device: the split-K scratch of `splits`,
+ * or with splits == 1 what the last partial round of the persistent kernel needs to run its
+ * tiles in K parts (0 when it does not). Given partials and counters of these sizes, the
+ * kernel splits that round; with NULL it runs it whole. */
+void fp4d_cuda_dense_wgmma_scratch(int64_t m, int64_t n, int64_t k, int32_t splits, size_t *partial_floats,
+                                   size_t *counter_count);
 
 /* ---- CUDA-core f32 GEMM (fallback for f32 activations and odd shapes) ---------------- */
 int fp4d_cuda_simt_gemm(const float *a, const float *b, int64_t m, int64_t n, int64_t k,
