@@ -250,8 +250,11 @@ static void fill_speedups(rows *rs)
     }
 }
 
-/* Rows were measured configuration by configuration, every backend in turn; reported one
- * backend after the other (in the order they were asked for), each in measurement order. */
+static bool same_group(const row *a, const row *b) { return a->device == b->device && !strcmp(a->backend, b->backend); }
+
+/* Rows were measured device by device and, on each, configuration by configuration with every
+ * backend in turn; reported per device one backend after the other (in the order they were
+ * asked for), each in measurement order. */
 static void group_by_backend(rows *rs)
 {
     row *sorted = rs->n ? malloc(rs->n * sizeof *sorted) : NULL;
@@ -259,10 +262,10 @@ static void group_by_backend(rows *rs)
     size_t out = 0;
     for (size_t i = 0; i < rs->n; i++) {
         bool seen = false;
-        for (size_t j = 0; j < i && !seen; j++) seen = !strcmp(rs->v[j].backend, rs->v[i].backend);
+        for (size_t j = 0; j < i && !seen; j++) seen = same_group(&rs->v[j], &rs->v[i]);
         if (seen) continue;
         for (size_t j = i; j < rs->n; j++)
-            if (!strcmp(rs->v[j].backend, rs->v[i].backend)) sorted[out++] = rs->v[j];
+            if (same_group(&rs->v[j], &rs->v[i])) sorted[out++] = rs->v[j];
     }
     memcpy(rs->v, sorted, rs->n * sizeof *sorted);
     free(sorted);
