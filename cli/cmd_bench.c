@@ -250,22 +250,29 @@ static void fill_speedups(rows *rs)
     }
 }
 
-static bool same_group(const row *a, const row *b) { return a->device == b->device && !strcmp(a->backend, b->backend); }
-
 /* Rows were measured device by device and, on each, configuration by configuration with every
- * backend in turn; reported per device one backend after the other (in the order they were
- * asked for), each in measurement order. */
-static void group_by_backend(rows *rs)
+ * backend in turn; reported per device one backend after the other in the order they were
+ * asked for (names: the backends' registry names, in --backend order), each in measurement
+ * order. */
+static void group_by_backend(rows *rs, const char *const *names, int num_names)
 {
     row *sorted = rs->n ? malloc(rs->n * sizeof *sorted) : NULL;
     if (!sorted) return; /* out of memory: reported in measurement order */
     size_t out = 0;
     for (size_t i = 0; i < rs->n; i++) {
-        bool seen = false;
-        for (size_t j = 0; j < i && !seen; j++) seen = same_group(&rs->v[j], &rs->v[i]);
-        if (seen) continue;
-        for (size_t j = i; j < rs->n; j++)
-            if (same_group(&rs->v[j], &rs->v[i])) sorted[out++] = rs->v[j];
+        bool device_seen = false;
+        for (size_t j = 0; j < i && !device_seen; j++) device_seen = rs->v[j].device == rs->v[i].device;
+        if (device_seen) continue;
+        for (int b = 0; b < num_names; b++) {
+            bool named_before = false; /* --backend cpu,cpu: one group */
+            for (int a = 0; a < b && !named_before; a++) named_before = !strcmp(names[a], names[b]);
+            for (size_t j = i; !named_before && j < rs->n && out < rs->n; j++)
+                if (rs->v[j].device == rs->v[i].device && !strcmp(rs->v[j].backend, names[b])) sorted[out++] = rs->v[j];
+        }
+    }
+    if (out != rs->n) { /* a row of a backend not in the list: measurement order, as a whole */
+        free(sorted);
+        return;
     }
     memcpy(rs->v, sorted, rs->n * sizeof *sorted);
     free(sorted);
@@ -509,7 +516,9 @@ int cmd_bench(int argc, char **argv)
 #endif
     }
     fill_speedups(&rs);
-    group_by_backend(&rs);
+    const char *names[MAX_LIST];
+    for (int b = 0; b < o.num_backends; b++) names[b] = fp4d_registry_find(o.backends[b])->name;
+    group_by_backend(&rs, names, o.num_backends);
     if (table) print_rows(&rs);
     for (size_t i = 0; i < rs.n; i++)
         if (!strncmp(rs.v[i].status, "ERROR", 5)) failures++;

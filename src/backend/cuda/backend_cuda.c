@@ -385,12 +385,15 @@ static fp4d_status run_fused(cuda_ctx *c, const dev_gemm *g)
             fp4d_devbuf_reserve(&c->wb, (size_t)g->n * (size_t)g->k * esz, false) == FP4D_STATUS_OK) {
             fp4d_dev_fp4 w = {g->b_codes[e], g->b_scales[e], g->n, g->k, g->b_format, g->b_layout};
             FP4D_CUDA_TRY(fp4d_cuda_dequantize(&w, d, c->wb.ptr, c->stream), "cuda: dequantize B");
-            /* its scratch also covers the K parts of the persistent kernel's last round */
+            /* its scratch also covers the K parts of the persistent kernel's last round: only a
+             * speed-up, so without memory for it (splits == 1) the round runs whole */
             size_t dense_floats = 0, dense_counters = 0;
             fp4d_cuda_dense_wgmma_scratch(r1 - r0, g->n, g->k, splits, &dense_floats, &dense_counters);
-            if (dense_floats) {
-                FP4D_FORWARD_IF_ERROR(fp4d_devbuf_reserve(&c->partials, dense_floats * sizeof(float), false));
-                FP4D_FORWARD_IF_ERROR(fp4d_devbuf_reserve(&c->counters, dense_counters * sizeof(uint32_t), true));
+            if (dense_floats &&
+                (fp4d_devbuf_reserve(&c->partials, dense_floats * sizeof(float), false) != FP4D_STATUS_OK ||
+                 fp4d_devbuf_reserve(&c->counters, dense_counters * sizeof(uint32_t), true) != FP4D_STATUS_OK)) {
+                FP4D_RETURN_ERROR_IF(splits > 1, NOMEM, "cuda: split-K scratch: %s", fp4d_last_error());
+                dense_floats = 0;
             }
             FP4D_CUDA_TRY(fp4d_cuda_dense_wgmma(d, a_rows, c->wb.ptr, r1 - r0, g->n, g->k, g->alpha[e], g->out_type, o,
                                                 splits, dense_floats ? c->partials.ptr : NULL,

@@ -93,7 +93,12 @@ fp4d_status fp4d_devbuf_reserve(fp4d_devbuf *b, size_t bytes, bool zero_new)
                               cudaGetErrorString(e));
     }
     b->cap = want;
-    if (zero_new) FP4D_CUDA_TRY(cudaMemset(b->ptr, 0, want), "cudaMemset");
+    if (zero_new) {
+        /* on the legacy stream, which the contexts' non-blocking streams do not wait for: done
+         * before the buffer is handed out (growth is rare) */
+        FP4D_CUDA_TRY(cudaMemset(b->ptr, 0, want), "cudaMemset");
+        FP4D_CUDA_TRY(cudaDeviceSynchronize(), "cudaMemset");
+    }
     return FP4D_STATUS_OK;
 }
 

@@ -3474,9 +3474,7 @@ extern "C" int fp4d_cuda_dense_wgmma(int op_type, const void *a, const void *w, 
         const int64_t grid = !persistent ? units : (units < sms ? units : sms);
         int64_t tail_tiles = 0;
         const int32_t tail_splits =
-            persistent && splits == 1 && partials && counters && sms == current_sm_count()
-                ? dense_tail_plan(tiles, ktiles, grid, &tail_tiles)
-                : 1;
+            persistent && splits == 1 && partials && counters ? dense_tail_plan(tiles, ktiles, grid, &tail_tiles) : 1;
         if (tail_splits > 1) {
             p.tail_tiles = (int32_t)tail_tiles;
             p.tail_splits = tail_splits;
