@@ -486,11 +486,14 @@ static void test_cuda_dense_tail(void **state)
     static const int64_t shapes[][3] = {{512, 8704, 1024}, {512, 8704, 1408}};
     static const fp4d_dtype acts[] = {FP4D_DTYPE_BF16, FP4D_DTYPE_NVFP4}, outs[] = {FP4D_DTYPE_F32, FP4D_DTYPE_BF16};
     const bool quick = getenv("FP4D_GPU_TEST_QUICK") != NULL;
+#ifdef FP4D_TEST_CUDA_KERNELS
     int dev = 0, sms = 0;
     assert_int_equal(cudaGetDevice(&dev), cudaSuccess);
     assert_int_equal(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), cudaSuccess);
+#endif
     for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
         const int64_t M = shapes[si][0], N = shapes[si][1], K = shapes[si][2];
+#ifdef FP4D_TEST_CUDA_KERNELS
         size_t floats = 0, counters = 0;
         if (fp4d_cuda_dense_wgmma_available()) {
             fp4d_cuda_dense_wgmma_scratch(M, N, K, 1, &floats, &counters);
@@ -499,6 +502,7 @@ static void test_cuda_dense_tail(void **state)
             const char *off = getenv("FP4DOCTOR_CUDA_WG_TAIL");
             if (sms == 132 && !(off && atoi(off) == 0)) assert_true(floats > 0 && counters == 4);
         }
+#endif
         for (size_t ai = 0; ai < 2; ai++)
             for (size_t oi = 0; oi < 2; oi++) {
                 if (quick && ai + oi != si) continue;
