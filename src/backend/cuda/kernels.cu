@@ -2061,8 +2061,8 @@ __global__ void __launch_bounds__(WGT_THREADS, 1)
      * grouped raster); the stage ring runs on across units, so the producer loads the next
      * unit's first stages while the consumers write the previous unit's outputs. With a tail
      * plan, units are the whole tiles but the last tail_tiles, then those tiles' K parts:
-     * every CTA takes the same number of whole tiles and at most a few parts (slot: the
-     * split-K slot of a part's tile, numbered from the first tail tile). */
+     * every CTA takes the same number of whole tiles and at most one part (slot: the split-K
+     * slot of a part's tile, numbered from the first tail tile). */
     const int64_t mt_count = (p.m + WG_BM - 1) / WG_BM, nt_count = (p.n + WG_BN - 1) / WG_BN;
     const int64_t tiles = mt_count * nt_count, ktiles = p.k / WG_BK;
     const bool tail = p.tail_splits > 1;
