@@ -4139,12 +4139,8 @@ extern "C" int fp4d_cuda_quantize_nvfp4(int src_type, const void *src, int64_t r
          * takes the rest. FP4DOCTOR_CUDA_QUANT_BLOCKS overrides the cap. */
         const int64_t warps = work / 128;
         int64_t blocks = (warps + 7) / 8;
-        int dev = 0, sms = 0;
-        if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
-            (void)cudaGetLastError();
-            sms = 132;
-        }
-        const int64_t cap = env_int("FP4DOCTOR_CUDA_QUANT_BLOCKS", (int64_t)sms * 16);
+        const int64_t sms = current_sm_count();
+        const int64_t cap = env_int("FP4DOCTOR_CUDA_QUANT_BLOCKS", (sms > 0 ? sms : 132) * 16);
         if (blocks > cap) blocks = cap;
         quantize_bf16_b1_kernel<<<(unsigned)blocks, 256, 0, s>>>((const uint4 *)src, rows, cols / 16, encode_scale,
                                                                  layout, (uint2 *)codes, scales);
