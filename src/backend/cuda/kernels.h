@@ -130,6 +130,7 @@ typedef struct fp4d_skinny_args {
     /* weights: one [N, K] FP4 matrix per expert */
     int32_t               b_format;   /* NVFP4 or MXFP4 */
     int32_t               b_layout;
+    int32_t               b_stream_codes; /* 1: b_codes are in the stream layout (fp4d_cuda_stream_codes) */
     const uint8_t *const *b_codes;    /* device array of num_experts device pointers */
     const uint8_t *const *b_scales;
     const float          *alpha;      /* device array, one per expert */
@@ -151,6 +152,12 @@ void fp4d_cuda_skinny_scratch(int64_t n, int32_t num_items, int32_t splits, int3
 /* Picks a split-K factor that fills the GPU (sm_count multiprocessors) for the kernel
  * that the items will run (args: everything but splits and the scratch pointers). */
 int32_t fp4d_cuda_skinny_pick_splits(const fp4d_skinny_args *args, int sm_count);
+/* Whether the weight-streaming kernel would take items of up to max_rows rows if given the
+ * weight codes in the stream layout (formats/stream_codes.h; without it the slower decode
+ * kernel runs). fp4d_cuda_stream_codes re-encodes `bytes` of natural codes (a multiple of 4,
+ * 4-byte aligned; src == dst allowed). */
+int fp4d_cuda_stream_codes_wanted(int a_type, int b_format, int64_t k, int64_t max_rows);
+int fp4d_cuda_stream_codes(const uint8_t *src, uint8_t *dst, size_t bytes, void *stream);
 int fp4d_cuda_skinny_gemm(const fp4d_skinny_args *args, void *stream);
 
 /* ---- GEMV for M <= 4 (CUDA cores, f32 accumulation) -----------------------------------
