@@ -282,13 +282,13 @@ static bool wants_stream_codes(const dev_gemm *g)
  * the caller frees) points at them. */
 static fp4d_status stream_codes_copy(cuda_ctx *c, const dev_gemm *g, const uint8_t ***codes)
 {
-    const size_t bytes = (size_t)g->n * (size_t)g->k / 2, stride = align_up(bytes, 256);
+    const size_t stride = align_up(fp4d_cuda_stream_codes_bytes(g->n, g->k), 256);
     FP4D_FORWARD_IF_ERROR(fp4d_devbuf_reserve(&c->bstream, stride * (size_t)g->num_experts, false));
     const uint8_t **p = calloc((size_t)g->num_experts, sizeof *p);
     FP4D_RETURN_ERROR_IF(!p, NOMEM, "cuda: out of host memory");
     for (int32_t e = 0; e < g->num_experts; e++) {
         uint8_t *dst = (uint8_t *)c->bstream.ptr + (size_t)e * stride;
-        const int err = fp4d_cuda_stream_codes(g->b_codes[e], dst, bytes, c->stream);
+        const int err = fp4d_cuda_stream_codes(g->b_codes[e], dst, g->n, g->k, c->stream);
         if (err) {
             free(p);
             return fp4d_cuda_status(err, "cuda: stream layout of the weight codes");
@@ -831,7 +831,7 @@ static fp4d_status cuda_bench(void *ctx, const fp4d_gemm_desc *d, int repeats, f
     s->c = c;
     s->copies = copies < BENCH_MAX_COPIES ? copies : BENCH_MAX_COPIES;
 
-    fp4d_devbuf wcodes = {0}, wscales = {0}, outb = {0};
+    fp4d_devbuf wcodes = {0}, wscales = {0}, outb = {0}, wstream = {0};
     const uint8_t **ptrs = calloc((size_t)weight_sets * 2, sizeof *ptrs);
     int64_t *offsets = calloc((size_t)s->copies * (size_t)(E + 1), sizeof *offsets);
     float *alphas = calloc((size_t)E, sizeof *alphas);
@@ -873,13 +873,18 @@ static fp4d_status cuda_bench(void *ctx, const fp4d_gemm_desc *d, int repeats, f
         s->path = gemv_ok(&s->g[0]) ? PATH_GEMV : choose_path(c, d->a_type, d->b_type, d->k, max_rows, grouped);
         for (int i = 0; st == FP4D_STATUS_OK && s->path == PATH_GEMV && i < s->copies; i++)
             st = plan_gemv(c, &s->g[i], &s->gargs[i]);
-        /* the weights in the stream layout where the skinny kernel wants it: re-encoded once,
-         * outside the timing, as a server would at load time and as cublas-bf16's bench
-         * dequantizes its weights once (in place: the weights are random bytes, and the
-         * encoding maps them one to one) */
+        /* the weights in the stream layout where the skinny kernel wants it: made once, outside
+         * the timing, as a server would at load time and as cublas-bf16's bench dequantizes
+         * its weights once */
         if (st == FP4D_STATUS_OK && s->path == PATH_SKINNY && wants_stream_codes(&s->g[0])) {
-            const int e = fp4d_cuda_stream_codes(wcodes.ptr, wcodes.ptr, cb * (size_t)weight_sets, c->stream);
-            if (e) st = fp4d_cuda_status(e, "cuda: bench weights in the stream layout");
+            const size_t scb = align_up(fp4d_cuda_stream_codes_bytes(d->n, d->k), 256);
+            st = fp4d_devbuf_reserve(&wstream, scb * (size_t)weight_sets, false);
+            for (int w = 0; st == FP4D_STATUS_OK && w < weight_sets; w++) {
+                uint8_t *dst = (uint8_t *)wstream.ptr + (size_t)w * scb;
+                const int e = fp4d_cuda_stream_codes(ptrs[w], dst, d->n, d->k, c->stream);
+                if (e) st = fp4d_cuda_status(e, "cuda: bench weights in the stream layout");
+                ptrs[w] = dst;
+            }
             for (int i = 0; i < s->copies; i++) s->g[i].b_stream = true;
         }
         for (int i = 0; st == FP4D_STATUS_OK && s->path == PATH_SKINNY && i < s->copies; i++)
@@ -889,6 +894,7 @@ static fp4d_status cuda_bench(void *ctx, const fp4d_gemm_desc *d, int repeats, f
     cudaStreamSynchronize(c->stream);
     for (int i = 0; i < BENCH_MAX_COPIES; i++) fp4d_devbuf_free(&s->params[i]);
     fp4d_devbuf_free(&wcodes);
+    fp4d_devbuf_free(&wstream);
     fp4d_devbuf_free(&wscales);
     fp4d_devbuf_free(&outb);
     free(ptrs);

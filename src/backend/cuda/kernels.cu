@@ -976,6 +976,11 @@ constexpr int WA_DEPTH = 3;             /* register buffers: phases in flight + 
 constexpr int WA_SMEM_MAX = 96 * 1024;  /* staged activations per block (two blocks per SM) */
 constexpr int WA_MIN_BLOCKS = 16 / WA_WARPS; /* resident blocks per SM the registers must allow */
 constexpr int WA_STAGE_BATCH = 8;       /* activation loads in flight per thread while staging */
+/* Stream layout of the codes (fp4d_cuda_stream_codes): the 16 rows x 128 bytes that one warp
+ * loads per phase form one contiguous chunk - piece (c, r) of lane l (row g + 8r, bytes
+ * 64c + 16t..+15 of the phase, l = 4g + t) at (2c + r) * 512 + 16l - chunks ordered by
+ * 16-row group, then phase; each of the warp's four loads per phase reads 512 contiguous bytes. */
+constexpr int WA_STREAM_CHUNK = 16 * WA_PHASE / 2;
 
 /* 16-byte unit of staged activations holding token m's 8-k group g8 (relative to the
  * block's first k): ordered so that lane (g, t) of a warp reads consecutive units */
@@ -1031,8 +1036,14 @@ __global__ void __launch_bounds__(WA_WARPS * 32, WA_MIN_BLOCKS) wa_kernel(const 
      * 8c + 2t + 1; MXFP4: the byte of block 4c + t), advancing by sc_phase per phase */
     const int64_t n_lo = (int64_t)blockIdx.x * WA_ROWS + warp * 16 + g, n_hi = n_lo + 8;
     const int64_t r_lo = min(n_lo, N - 1), r_hi = min(n_hi, N - 1);
-    const uint8_t *wp[2] = {bcodes + r_lo * (K / 2) + ph0 * (WA_PHASE / 2) + 16 * t,
-                            bcodes + r_hi * (K / 2) + ph0 * (WA_PHASE / 2) + 16 * t};
+    /* natural codes (f16 activations): rows of K / 2 bytes; the stream layout: this warp's
+     * 2 KB per phase, in the order of its lanes' loads (warps past the last row group read
+     * the last one, like the clamped rows) */
+    const int64_t group = min((int64_t)blockIdx.x * WA_WARPS + warp, (N + 15) / 16 - 1);
+    const uint8_t *wp[2] = {F16 ? bcodes + r_lo * (K / 2) + ph0 * (WA_PHASE / 2) + 16 * t
+                                : bcodes + (group * phases + ph0) * WA_STREAM_CHUNK + 16 * lane,
+                            F16 ? bcodes + r_hi * (K / 2) + ph0 * (WA_PHASE / 2) + 16 * t
+                                : bcodes + (group * phases + ph0) * WA_STREAM_CHUNK + 16 * lane + WA_STREAM_CHUNK / 4};
     constexpr int cols_phase = WA_PHASE / (BNV ? 16 : 32), cols_chunk = cols_phase / 2;
     const int64_t sc_col0 = scale_col_off(p.b_layout, ph0 * cols_phase + (BNV ? 2 * t : t));
     const int sc_chunk = (int)scale_col_off(p.b_layout, cols_chunk), sc_phase = (int)scale_col_off(p.b_layout, cols_phase);
@@ -1044,7 +1055,7 @@ __global__ void __launch_bounds__(WA_WARPS * 32, WA_MIN_BLOCKS) wa_kernel(const 
 #pragma unroll
             for (int r = 0; r < 2; r++) {
                 w[0][r] = load_stream_16(wp[r]);
-                w[1][r] = load_stream_16(wp[r] + 64);
+                w[1][r] = load_stream_16(wp[r] + (F16 ? 64 : WA_STREAM_CHUNK / 2));
                 if (BNV)
                     s[r] = __ldg((const unsigned short *)sp_[r]) | ((uint32_t)__ldg((const unsigned short *)(sp_[r] + sc_chunk)) << 16);
                 else
@@ -1053,7 +1064,7 @@ __global__ void __launch_bounds__(WA_WARPS * 32, WA_MIN_BLOCKS) wa_kernel(const 
         }
 #pragma unroll
         for (int r = 0; r < 2; r++) {
-            wp[r] += WA_PHASE / 2;
+            wp[r] += F16 ? WA_PHASE / 2 : WA_STREAM_CHUNK;
             sp_[r] += sc_phase;
         }
     };
@@ -4134,11 +4145,12 @@ struct stream_encode_masks {
     uint32_t m[32]; /* fp4d_stream_encode_masks: natural bit q -> stream bits it flips */
 };
 
-/* Re-encodes `words` 32-bit code words (in place when src == dst: each thread reads its word
- * before writing it). The encode is linear over GF(2), so a word is the XOR of four table
- * entries, one per byte, built in shared memory from the 32 masks. */
-__global__ void __launch_bounds__(256) stream_codes_kernel(const uint32_t *src, uint32_t *dst, int64_t words,
-                                                           const stream_encode_masks masks)
+/* The codes of an n x k matrix (natural, rows of k / 2 bytes) in the stream layout: each
+ * 32-bit word re-encoded (formats/stream_codes.h) and moved into its warp chunk (WA_STREAM_CHUNK,
+ * above). One thread per source word. The encode is linear over GF(2), so a word is the XOR of
+ * four table entries, one per byte, built in shared memory from the 32 masks. */
+__global__ void __launch_bounds__(256) stream_codes_kernel(const uint32_t *__restrict__ src, uint32_t *__restrict__ dst,
+                                                           int64_t n, int64_t k, const stream_encode_masks masks)
 {
     __shared__ uint32_t table[4][256];
     for (int e = threadIdx.x; e < 4 * 256; e += blockDim.x) {
@@ -4149,23 +4161,44 @@ __global__ void __launch_bounds__(256) stream_codes_kernel(const uint32_t *src, 
         table[byte][v] = x;
     }
     __syncthreads();
+    const int64_t row_words = k / 8, phases = k / WA_PHASE, words = n * row_words;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < words; i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t row = i / row_words, byte = (i % row_words) * 4;
+        const int64_t ph = byte / (WA_PHASE / 2);
+        const int within = (int)(byte % (WA_PHASE / 2)), c = within / 64, t = (within % 64) / 16, wi = (within % 16) / 4;
+        const int gr = (int)(row % 16), g = gr % 8, r = gr / 8;
+        const int64_t at = ((row / 16) * phases + ph) * WA_STREAM_CHUNK + (2 * c + r) * 512 + (4 * g + t) * 16 + 4 * wi;
         const uint32_t w = src[i];
-        dst[i] = table[0][w & 255] ^ table[1][(w >> 8) & 255] ^ table[2][(w >> 16) & 255] ^ table[3][w >> 24];
+        dst[at / 4] = table[0][w & 255] ^ table[1][(w >> 8) & 255] ^ table[2][(w >> 16) & 255] ^ table[3][w >> 24];
     }
 }
 
-extern "C" int fp4d_cuda_stream_codes(const uint8_t *src, uint8_t *dst, size_t bytes, void *stream)
+extern "C" size_t fp4d_cuda_stream_codes_bytes(int64_t n, int64_t k)
 {
-    if ((uintptr_t)src % 4 != 0 || (uintptr_t)dst % 4 != 0 || bytes % 4 != 0) return (int)cudaErrorInvalidValue;
-    const int64_t words = (int64_t)(bytes / 4);
-    if (words == 0) return cudaSuccess;
+    return (size_t)((n + 15) / 16 * 16) * (size_t)(k / 2);
+}
+
+extern "C" int fp4d_cuda_stream_codes(const uint8_t *src, uint8_t *dst, int64_t n, int64_t k, void *stream)
+{
+    if ((uintptr_t)src % 4 != 0 || (uintptr_t)dst % 16 != 0 || n < 0 || k % WA_PHASE != 0 || src == dst)
+        return (int)cudaErrorInvalidValue;
+    const size_t bytes = fp4d_cuda_stream_codes_bytes(n, k);
+    if (bytes == 0) return cudaSuccess;
+    /* the rows past n of the last 16-row group are read (never stored), and lie inside its
+     * chunks: that group's region zeroed first, the kernel then writes its real rows */
+    if (n % 16 != 0) {
+        const size_t group_bytes = (size_t)16 * (size_t)(k / 2);
+        const cudaError_t e = cudaMemsetAsync(dst + bytes - group_bytes, 0, group_bytes, (cudaStream_t)stream);
+        if (e != cudaSuccess) return (int)e;
+    }
     stream_encode_masks masks;
     memcpy(masks.m, fp4d_stream_encode_masks(), sizeof masks.m);
+    const int64_t words = n * (k / 8);
     int64_t blocks = (words + 255) / 256;
     if (blocks > 132 * 16) blocks = 132 * 16;
-    stream_codes_kernel<<<(unsigned)blocks, 256, 0, (cudaStream_t)stream>>>((const uint32_t *)src, (uint32_t *)dst,
-                                                                            words, masks);
+    if (blocks == 0) return cudaSuccess;
+    stream_codes_kernel<<<(unsigned)blocks, 256, 0, (cudaStream_t)stream>>>((const uint32_t *)src, (uint32_t *)dst, n,
+                                                                            k, masks);
     return (int)cudaGetLastError();
 }
 

@@ -153,11 +153,14 @@ void fp4d_cuda_skinny_scratch(int64_t n, int32_t num_items, int32_t splits, int3
  * that the items will run (args: everything but splits and the scratch pointers). */
 int32_t fp4d_cuda_skinny_pick_splits(const fp4d_skinny_args *args, int sm_count);
 /* Whether the weight-streaming kernel would take items of up to max_rows rows if given the
- * weight codes in the stream layout (formats/stream_codes.h; without it the slower decode
- * kernel runs). fp4d_cuda_stream_codes re-encodes `bytes` of natural codes (a multiple of 4,
- * 4-byte aligned; src == dst allowed). */
+ * weight codes in the stream layout (without it the slower decode kernel runs), its size for
+ * an n x k matrix (n rounded up to 16 rows), and fp4d_cuda_stream_codes, which writes it from
+ * natural codes (src 4-byte and dst 16-byte aligned, k % 256 == 0, dst != src): each code
+ * word re-encoded (formats/stream_codes.h) and moved into the warp chunks that the kernel
+ * reads contiguously (kernels.cu, WA_STREAM_CHUNK). */
 int fp4d_cuda_stream_codes_wanted(int a_type, int b_format, int64_t k, int64_t max_rows);
-int fp4d_cuda_stream_codes(const uint8_t *src, uint8_t *dst, size_t bytes, void *stream);
+size_t fp4d_cuda_stream_codes_bytes(int64_t n, int64_t k);
+int fp4d_cuda_stream_codes(const uint8_t *src, uint8_t *dst, int64_t n, int64_t k, void *stream);
 int fp4d_cuda_skinny_gemm(const fp4d_skinny_args *args, void *stream);
 
 /* ---- GEMV for M <= 4 (CUDA cores, f32 accumulation) -----------------------------------
