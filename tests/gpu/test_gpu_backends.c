@@ -681,7 +681,7 @@ static const size_t chain_partial_bytes = 64u << 20, chain_counters = 1u << 20;
 typedef struct chain_bufs {
     void         *a, *y, *z[CHAIN_PAIRS], *scratch_a;
     uint8_t      *w1, *s1, *w2, *s2;
-    uint8_t      *w1s, *w2s; /* the weight codes in the stream layout, for the stream kernel */
+    uint8_t      *w1s, *s1s, *w2s, *s2s; /* the weights in the stream layout, for the stream kernel */
     float        *partials, *alphas;
     uint32_t     *counters;
     const uint8_t **tables; /* device: w1s, s1 / w2s, s2 pointer pairs for the skinny launches */
@@ -782,9 +782,15 @@ static void test_cuda_pdl_chain(void **state)
         cb.alphas = dev_copy(alphas, sizeof alphas);
         cb.w1s = dev_copy(NULL, fp4d_cuda_stream_codes_bytes(N1, K));
         cb.w2s = dev_copy(NULL, fp4d_cuda_stream_codes_bytes(N2, N1));
-        if (K % 256 == 0) assert_int_equal(fp4d_cuda_stream_codes(cb.w1, cb.w1s, N1, K, NULL), 0);
+        cb.s1s = dev_copy(NULL, fp4d_cuda_stream_scales_bytes(N1, K));
+        cb.s2s = dev_copy(NULL, fp4d_cuda_stream_scales_bytes(N2, N1));
+        if (K % 256 == 0) {
+            assert_int_equal(fp4d_cuda_stream_codes(cb.w1, cb.w1s, N1, K, NULL), 0);
+            assert_int_equal(fp4d_cuda_stream_scales(cb.s1, FP4D_LAYOUT_SWIZZLED_128X4, FP4D_DTYPE_NVFP4, cb.s1s, N1, K, NULL), 0);
+        }
         assert_int_equal(fp4d_cuda_stream_codes(cb.w2, cb.w2s, N2, N1, NULL), 0);
-        const uint8_t *tables[4] = {cb.w1s, cb.s1, cb.w2s, cb.s2};
+        assert_int_equal(fp4d_cuda_stream_scales(cb.s2, FP4D_LAYOUT_SWIZZLED_128X4, FP4D_DTYPE_NVFP4, cb.s2s, N2, N1, NULL), 0);
+        const uint8_t *tables[4] = {cb.w1s, cb.s1s, cb.w2s, cb.s2s};
         cb.tables = dev_copy(tables, sizeof tables);
         const fp4d_skinny_item item = {0, (int32_t)M, 0, 0};
         cb.item = dev_copy(&item, sizeof item);
@@ -831,8 +837,8 @@ static void test_cuda_pdl_chain(void **state)
             free(z[i]);
             cudaFree(cb.z[i]);
         }
-        void *bufs[] = {cb.a, cb.y, cb.scratch_a, cb.w1, cb.s1, cb.w2, cb.s2, cb.w1s, cb.w2s, cb.partials, cb.alphas,
-                        cb.counters, (void *)cb.tables, cb.item};
+        void *bufs[] = {cb.a,   cb.y,   cb.scratch_a, cb.w1,       cb.s1,    cb.w2,           cb.s2,  cb.w1s,
+                        cb.s1s, cb.w2s, cb.s2s,       cb.partials, cb.alphas, cb.counters, (void *)cb.tables, cb.item};
         for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) cudaFree(bufs[i]);
         cudaStreamDestroy(s);
         free_operand(&A);

@@ -278,24 +278,38 @@ static bool wants_stream_codes(const dev_gemm *g)
     return !g->b_stream && fp4d_cuda_stream_codes_wanted(g->a_type, g->b_format, g->k, max_rows_per_expert(g));
 }
 
-/* Every expert's codes re-encoded into the stream layout in c->bstream; *codes (a host array
- * the caller frees) points at them. */
-static fp4d_status stream_codes_copy(cuda_ctx *c, const dev_gemm *g, const uint8_t ***codes)
+/* The stream layout of one expert's weights (codes, then scales, at dst). */
+static int stream_layout_of(const dev_gemm *g, int32_t e, uint8_t *dst, size_t scales_at, cudaStream_t s)
 {
-    const size_t stride = align_up(fp4d_cuda_stream_codes_bytes(g->n, g->k), 256);
+    const int err = fp4d_cuda_stream_codes(g->b_codes[e], dst, g->n, g->k, s);
+    return err ? err : fp4d_cuda_stream_scales(g->b_scales[e], g->b_layout, g->b_format, dst + scales_at, g->n, g->k, s);
+}
+
+static size_t stream_codes_room(const dev_gemm *g) { return align_up(fp4d_cuda_stream_codes_bytes(g->n, g->k), 256); }
+static size_t stream_room(const dev_gemm *g)
+{
+    return stream_codes_room(g) + align_up(fp4d_cuda_stream_scales_bytes(g->n, g->k), 256);
+}
+
+/* Every expert's weights in the stream layout in c->bstream; *tables (a host array of 2 x
+ * num_experts pointers, codes then scales, that the caller frees) points at them. */
+static fp4d_status stream_layout_copy(cuda_ctx *c, const dev_gemm *g, const uint8_t ***tables)
+{
+    const size_t stride = stream_room(g);
     FP4D_FORWARD_IF_ERROR(fp4d_devbuf_reserve(&c->bstream, stride * (size_t)g->num_experts, false));
-    const uint8_t **p = calloc((size_t)g->num_experts, sizeof *p);
+    const uint8_t **p = calloc((size_t)g->num_experts * 2, sizeof *p);
     FP4D_RETURN_ERROR_IF(!p, NOMEM, "cuda: out of host memory");
     for (int32_t e = 0; e < g->num_experts; e++) {
         uint8_t *dst = (uint8_t *)c->bstream.ptr + (size_t)e * stride;
-        const int err = fp4d_cuda_stream_codes(g->b_codes[e], dst, g->n, g->k, c->stream);
+        const int err = stream_layout_of(g, e, dst, stream_codes_room(g), c->stream);
         if (err) {
             free(p);
-            return fp4d_cuda_status(err, "cuda: stream layout of the weight codes");
+            return fp4d_cuda_status(err, "cuda: stream layout of the weights");
         }
         p[e] = dst;
+        p[g->num_experts + e] = dst + stream_codes_room(g);
     }
-    *codes = p;
+    *tables = p;
     return FP4D_STATUS_OK;
 }
 
@@ -459,8 +473,9 @@ static fp4d_status run_dev_gemm(cuda_ctx *c, const dev_gemm *g)
     dev_gemm gs = *g;
     const uint8_t **stream = NULL;
     if (wants_stream_codes(g)) {
-        FP4D_FORWARD_IF_ERROR(stream_codes_copy(c, g, &stream));
+        FP4D_FORWARD_IF_ERROR(stream_layout_copy(c, g, &stream));
         gs.b_codes = stream;
+        gs.b_scales = stream + g->num_experts;
         gs.b_stream = true;
     }
     fp4d_skinny_args args;
@@ -877,13 +892,17 @@ static fp4d_status cuda_bench(void *ctx, const fp4d_gemm_desc *d, int repeats, f
          * the timing, as a server would at load time and as cublas-bf16's bench dequantizes
          * its weights once */
         if (st == FP4D_STATUS_OK && s->path == PATH_SKINNY && wants_stream_codes(&s->g[0])) {
-            const size_t scb = align_up(fp4d_cuda_stream_codes_bytes(d->n, d->k), 256);
-            st = fp4d_devbuf_reserve(&wstream, scb * (size_t)weight_sets, false);
+            const size_t stride = stream_room(&s->g[0]);
+            st = fp4d_devbuf_reserve(&wstream, stride * (size_t)weight_sets, false);
             for (int w = 0; st == FP4D_STATUS_OK && w < weight_sets; w++) {
-                uint8_t *dst = (uint8_t *)wstream.ptr + (size_t)w * scb;
-                const int e = fp4d_cuda_stream_codes(ptrs[w], dst, d->n, d->k, c->stream);
+                /* weight set w is expert w of a grouped GEMM, or copy w of a plain one */
+                const dev_gemm one = {.b_format = d->b_type, .b_layout = d->b_layout, .b_codes = ptrs + w,
+                                      .b_scales = ptrs + weight_sets + w, .n = d->n, .k = d->k};
+                uint8_t *dst = (uint8_t *)wstream.ptr + (size_t)w * stride;
+                const int e = stream_layout_of(&one, 0, dst, stream_codes_room(&one), c->stream);
                 if (e) st = fp4d_cuda_status(e, "cuda: bench weights in the stream layout");
                 ptrs[w] = dst;
+                ptrs[weight_sets + w] = dst + stream_codes_room(&one);
             }
             for (int i = 0; i < s->copies; i++) s->g[i].b_stream = true;
         }

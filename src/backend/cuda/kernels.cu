@@ -981,6 +981,10 @@ constexpr int WA_STAGE_BATCH = 8;       /* activation loads in flight per thread
  * 64c + 16t..+15 of the phase, l = 4g + t) at (2c + r) * 512 + 16l - chunks ordered by
  * 16-row group, then phase; each of the warp's four loads per phase reads 512 contiguous bytes. */
 constexpr int WA_STREAM_CHUNK = 16 * WA_PHASE / 2;
+/* ... and of the scales: per 16-row group and phase, lane l's two scale words (rows g, g + 8;
+ * NVFP4 blocks 2t, 2t + 1, 8 + 2t, 9 + 2t of the phase, MXFP4 blocks t, 4 + t and two zero
+ * bytes) as 8 bytes at 8l: one 8-byte load per lane and phase instead of four 1-2 byte ones. */
+constexpr int WA_STREAM_SCALE_CHUNK = 32 * 8;
 
 /* 16-byte unit of staged activations holding token m's 8-k group g8 (relative to the
  * block's first k): ordered so that lane (g, t) of a warp reads consecutive units */
@@ -1047,7 +1051,8 @@ __global__ void __launch_bounds__(WA_WARPS * 32, WA_MIN_BLOCKS) wa_kernel(const 
     constexpr int cols_phase = WA_PHASE / (BNV ? 16 : 32), cols_chunk = cols_phase / 2;
     const int64_t sc_col0 = scale_col_off(p.b_layout, ph0 * cols_phase + (BNV ? 2 * t : t));
     const int sc_chunk = (int)scale_col_off(p.b_layout, cols_chunk), sc_phase = (int)scale_col_off(p.b_layout, cols_phase);
-    const uint8_t *sp_[2] = {bscales + scale_row_off(p.b_layout, bC, r_lo) + sc_col0,
+    const uint8_t *sp_[2] = {F16 ? bscales + scale_row_off(p.b_layout, bC, r_lo) + sc_col0
+                                 : bscales + (group * phases + ph0) * WA_STREAM_SCALE_CHUNK + 8 * lane,
                              bscales + scale_row_off(p.b_layout, bC, r_hi) + sc_col0};
 
     auto issue = [&](int ph, uint4 w[2][2], uint32_t s[2]) {
@@ -1056,7 +1061,13 @@ __global__ void __launch_bounds__(WA_WARPS * 32, WA_MIN_BLOCKS) wa_kernel(const 
             for (int r = 0; r < 2; r++) {
                 w[0][r] = load_stream_16(wp[r]);
                 w[1][r] = load_stream_16(wp[r] + (F16 ? 64 : WA_STREAM_CHUNK / 2));
-                if (BNV)
+                if (!F16) {
+                    if (r == 0) {
+                        const uint2 v = __ldg((const uint2 *)sp_[0]);
+                        s[0] = v.x;
+                        s[1] = v.y;
+                    }
+                } else if (BNV)
                     s[r] = __ldg((const unsigned short *)sp_[r]) | ((uint32_t)__ldg((const unsigned short *)(sp_[r] + sc_chunk)) << 16);
                 else
                     s[r] = __ldg(sp_[r]) | ((uint32_t)__ldg(sp_[r] + sc_chunk) << 8);
@@ -1065,7 +1076,7 @@ __global__ void __launch_bounds__(WA_WARPS * 32, WA_MIN_BLOCKS) wa_kernel(const 
 #pragma unroll
         for (int r = 0; r < 2; r++) {
             wp[r] += F16 ? WA_PHASE / 2 : WA_STREAM_CHUNK;
-            sp_[r] += sc_phase;
+            sp_[r] += F16 ? sc_phase : WA_STREAM_SCALE_CHUNK;
         }
     };
 
@@ -1083,8 +1094,12 @@ __global__ void __launch_bounds__(WA_WARPS * 32, WA_MIN_BLOCKS) wa_kernel(const 
             for (int r = 0; r < 2; r++) {
                 prefetch_l2(wp[r] + d * (WA_PHASE / 2));
                 prefetch_l2(wp[r] + d * (WA_PHASE / 2) + 64);
-                prefetch_l2(sp_[r] + d * sc_phase);
-                prefetch_l2(sp_[r] + d * sc_phase + sc_chunk);
+                if (F16) {
+                    prefetch_l2(sp_[r] + d * sc_phase);
+                    prefetch_l2(sp_[r] + d * sc_phase + sc_chunk);
+                } else if (r == 0) {
+                    prefetch_l2(sp_[0] + d * WA_STREAM_SCALE_CHUNK);
+                }
             }
     for (int b = threadIdx.x; b < 256; b += blockDim.x) wa_stab[b] = BNV ? nv_scale_folded1<F16>((uint32_t)b) : mx_scale_pair((uint32_t)b);
     if (threadIdx.x == 0) wa_zero = make_uint4(0, 0, 0, 0);
@@ -4199,6 +4214,48 @@ extern "C" int fp4d_cuda_stream_codes(const uint8_t *src, uint8_t *dst, int64_t 
     if (blocks == 0) return cudaSuccess;
     stream_codes_kernel<<<(unsigned)blocks, 256, 0, (cudaStream_t)stream>>>((const uint32_t *)src, (uint32_t *)dst, n,
                                                                             k, masks);
+    return (int)cudaGetLastError();
+}
+
+/* The block scales of an n x k matrix in the stream layout (WA_STREAM_SCALE_CHUNK), from any
+ * scale layout; one thread per output word, rows past n zero. */
+__global__ void __launch_bounds__(256) stream_scales_kernel(const uint8_t *__restrict__ src, int layout, int nvfp4,
+                                                            uint32_t *__restrict__ dst, int64_t n, int64_t k)
+{
+    const int64_t phases = k / WA_PHASE, C = k / (nvfp4 ? 16 : 32), cols_phase = WA_PHASE / (nvfp4 ? 16 : 32);
+    const int64_t words = (n + 15) / 16 * phases * (WA_STREAM_SCALE_CHUNK / 4);
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < words; i += (int64_t)gridDim.x * blockDim.x) {
+        const int r = (int)(i % 2), lane = (int)((i / 2) % 32);
+        const int64_t ph = (i / 64) % phases, group = i / 64 / phases;
+        const int g = lane >> 2, t = lane & 3;
+        const int64_t row = group * 16 + g + 8 * r;
+        uint32_t w = 0;
+        if (row < n) {
+            const uint8_t *rs = src + scale_row_off(layout, C, row);
+            const int64_t c0 = ph * cols_phase;
+            auto at = [&](int64_t c) { return (uint32_t)rs[scale_col_off(layout, c0 + c)]; };
+            w = nvfp4 ? at(2 * t) | at(2 * t + 1) << 8 | at(8 + 2 * t) << 16 | at(9 + 2 * t) << 24 : at(t) | at(4 + t) << 8;
+        }
+        dst[i] = w;
+    }
+}
+
+extern "C" size_t fp4d_cuda_stream_scales_bytes(int64_t n, int64_t k)
+{
+    return (size_t)((n + 15) / 16) * (size_t)(k / WA_PHASE) * WA_STREAM_SCALE_CHUNK;
+}
+
+extern "C" int fp4d_cuda_stream_scales(const uint8_t *src, int layout, int format, uint8_t *dst, int64_t n, int64_t k,
+                                       void *stream)
+{
+    if ((uintptr_t)dst % 16 != 0 || n < 0 || k % WA_PHASE != 0 || (format != FP4D_DTYPE_NVFP4 && format != FP4D_DTYPE_MXFP4))
+        return (int)cudaErrorInvalidValue;
+    const int64_t words = (int64_t)(fp4d_cuda_stream_scales_bytes(n, k) / 4);
+    if (words == 0) return cudaSuccess;
+    int64_t blocks = (words + 255) / 256;
+    if (blocks > 132 * 16) blocks = 132 * 16;
+    stream_scales_kernel<<<(unsigned)blocks, 256, 0, (cudaStream_t)stream>>>(src, layout, format == FP4D_DTYPE_NVFP4,
+                                                                             (uint32_t *)dst, n, k);
     return (int)cudaGetLastError();
 }
 

@@ -130,7 +130,8 @@ typedef struct fp4d_skinny_args {
     /* weights: one [N, K] FP4 matrix per expert */
     int32_t               b_format;   /* NVFP4 or MXFP4 */
     int32_t               b_layout;
-    int32_t               b_stream_codes; /* 1: b_codes are in the stream layout (fp4d_cuda_stream_codes) */
+    int32_t               b_stream_codes; /* 1: b_codes and b_scales are in the stream layout
+                                             (fp4d_cuda_stream_codes / _scales) */
     const uint8_t *const *b_codes;    /* device array of num_experts device pointers */
     const uint8_t *const *b_scales;
     const float          *alpha;      /* device array, one per expert */
@@ -161,6 +162,10 @@ int32_t fp4d_cuda_skinny_pick_splits(const fp4d_skinny_args *args, int sm_count)
 int fp4d_cuda_stream_codes_wanted(int a_type, int b_format, int64_t k, int64_t max_rows);
 size_t fp4d_cuda_stream_codes_bytes(int64_t n, int64_t k);
 int fp4d_cuda_stream_codes(const uint8_t *src, uint8_t *dst, int64_t n, int64_t k, void *stream);
+/* The block scales the same way (any scale layout in, the kernel's per-lane order out). */
+size_t fp4d_cuda_stream_scales_bytes(int64_t n, int64_t k);
+int fp4d_cuda_stream_scales(const uint8_t *src, int layout, int format, uint8_t *dst, int64_t n, int64_t k,
+                            void *stream);
 int fp4d_cuda_skinny_gemm(const fp4d_skinny_args *args, void *stream);
 
 /* ---- GEMV for M <= 4 (CUDA cores, f32 accumulation) -----------------------------------
