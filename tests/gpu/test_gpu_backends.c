@@ -356,6 +356,19 @@ static void test_cuda_wa(void **state)
     small_m_sweep("wa", shapes, sizeof shapes / sizeof shapes[0], "0");
 }
 
+/* The same items with the stream layout off (as where the device has no room for it): the
+ * decode kernel takes them on the natural layout. */
+static void test_cuda_wa_natural_layout(void **state)
+{
+    (void)state;
+    static const int64_t shapes[][3] = {
+        {1, 300, 4096}, {5, 129, 1536}, {8, 16, 7168}, {16, 257, 2560}, {3, 7, 768},
+    };
+    setenv("FP4DOCTOR_CUDA_STREAM_LAYOUT", "0", 1);
+    small_m_sweep("wa items, natural layout", shapes, sizeof shapes / sizeof shapes[0], "0");
+    unsetenv("FP4DOCTOR_CUDA_STREAM_LAYOUT");
+}
+
 /* The stream kernel with 3 splits forced (the planner picks 1, 2, 4 or 8 on most shapes):
  * uneven K ranges per split, staged activations of 1..16 tokens, the fixed-order exchange. */
 static void test_cuda_wa_three_splits(void **state)
@@ -896,6 +909,7 @@ int main(void)
         cmocka_unit_test(test_cuda_dense_tail),
         cmocka_unit_test(test_cuda_grouped),
         cmocka_unit_test(test_cuda_wa),
+        cmocka_unit_test(test_cuda_wa_natural_layout),
         cmocka_unit_test(test_cuda_wa_three_splits),
         cmocka_unit_test(test_cuda_pdl_chain),
         cmocka_unit_test(test_cuda_quantize_bit_identical),

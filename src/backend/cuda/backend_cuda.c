@@ -272,9 +272,13 @@ static fp4d_status launch_gemv(const cuda_ctx *c, const fp4d_gemv_args *args)
     return FP4D_STATUS_OK;
 }
 
-/* Whether the skinny launch of g wants its weight codes in the stream layout. */
+/* Whether the skinny launch of g wants its weights in the stream layout (without it the
+ * decode kernel takes these items: FP4DOCTOR_CUDA_STREAM_LAYOUT=0, for A/B timing, or no
+ * device memory for the copy). */
 static bool wants_stream_codes(const dev_gemm *g)
 {
+    const char *env = getenv("FP4DOCTOR_CUDA_STREAM_LAYOUT");
+    if (env && atoi(env) == 0) return false;
     return !g->b_stream && fp4d_cuda_stream_codes_wanted(g->a_type, g->b_format, g->k, max_rows_per_expert(g));
 }
 
@@ -473,10 +477,13 @@ static fp4d_status run_dev_gemm(cuda_ctx *c, const dev_gemm *g)
     dev_gemm gs = *g;
     const uint8_t **stream = NULL;
     if (wants_stream_codes(g)) {
-        FP4D_FORWARD_IF_ERROR(stream_layout_copy(c, g, &stream));
-        gs.b_codes = stream;
-        gs.b_scales = stream + g->num_experts;
-        gs.b_stream = true;
+        const fp4d_status st = stream_layout_copy(c, g, &stream);
+        if (st != FP4D_STATUS_OK && st != FP4D_STATUS_NOMEM) return st;
+        if (st == FP4D_STATUS_OK) {
+            gs.b_codes = stream;
+            gs.b_scales = stream + g->num_experts;
+            gs.b_stream = true;
+        } /* else no room for the copy: the natural layout, which the decode kernel takes */
     }
     fp4d_skinny_args args;
     const fp4d_status st = plan_skinny(c, &gs, &c->params, &args); /* copies the tables synchronously */
@@ -893,8 +900,9 @@ static fp4d_status cuda_bench(void *ctx, const fp4d_gemm_desc *d, int repeats, f
          * its weights once */
         if (st == FP4D_STATUS_OK && s->path == PATH_SKINNY && wants_stream_codes(&s->g[0])) {
             const size_t stride = stream_room(&s->g[0]);
-            st = fp4d_devbuf_reserve(&wstream, stride * (size_t)weight_sets, false);
-            for (int w = 0; st == FP4D_STATUS_OK && w < weight_sets; w++) {
+            /* without room for it the decode kernel runs on the natural layout (as in gemm()) */
+            const bool room = fp4d_devbuf_reserve(&wstream, stride * (size_t)weight_sets, false) == FP4D_STATUS_OK;
+            for (int w = 0; room && st == FP4D_STATUS_OK && w < weight_sets; w++) {
                 /* weight set w is expert w of a grouped GEMM, or copy w of a plain one */
                 const dev_gemm one = {.b_format = d->b_type, .b_layout = d->b_layout, .b_codes = ptrs + w,
                                       .b_scales = ptrs + weight_sets + w, .n = d->n, .k = d->k};
@@ -904,7 +912,7 @@ static fp4d_status cuda_bench(void *ctx, const fp4d_gemm_desc *d, int repeats, f
                 ptrs[w] = dst;
                 ptrs[weight_sets + w] = dst + stream_codes_room(&one);
             }
-            for (int i = 0; i < s->copies; i++) s->g[i].b_stream = true;
+            for (int i = 0; room && i < s->copies; i++) s->g[i].b_stream = true;
         }
         for (int i = 0; st == FP4D_STATUS_OK && s->path == PATH_SKINNY && i < s->copies; i++)
             st = plan_skinny(c, &s->g[i], &s->params[i], &s->args[i]);
