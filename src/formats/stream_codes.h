@@ -2,7 +2,7 @@
  * The stream layout of FP4 weight codes: each 32-bit word of e2m1 codes (eight nibbles,
  * element i in bits 4i..4i+3) re-encoded, once, by a fixed invertible bit transform, so that
  * the cuda backend's weight-streaming kernel turns the word into its four bf16x2 operand
- * pairs with one shift (sometimes two) and one LOP3 each instead of two shifts and two or
+ * pairs with one LOP3 and at most two shifts each instead of two shifts and two or
  * three logic operations. Same size, same word positions: only the bits inside a word move.
  *
  * Pair i of a natural word is elements (i, i + 4) as the bf16x2 pattern of their e2m1

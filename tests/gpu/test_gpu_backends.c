@@ -592,6 +592,12 @@ static void test_grouped(void **state, const char *name)
      * whole 64-row token tiles inside the output (TMA stores) and short ones (bounded stores),
      * with K splits (K = 2048) and without; 200 rows: 256-row tiles */
     static const int64_t full_tiles[GROUPED_E] = {64, 0, 64, 3, 40, 17}, long_rows[GROUPED_E] = {130, 1, 0, 200, 7, 64};
+    /* at most 16 rows per expert: the stream kernel, on every expert's weights in the stream
+     * layout (made per call; N = 72 pads the last 16-row group; an expert without rows) */
+    static const int64_t few_rows[GROUPED_E] = {3, 0, 16, 1, 8, 5};
+    grouped_case_rows(b, FP4D_DTYPE_BF16, FP4D_DTYPE_NVFP4, FP4D_LAYOUT_LINEAR, FP4D_DTYPE_BF16, 512, few_rows);
+    grouped_case_rows(b, FP4D_DTYPE_NVFP4, FP4D_DTYPE_NVFP4, FP4D_LAYOUT_SWIZZLED_128X4, FP4D_DTYPE_F32, 768, few_rows);
+    grouped_case_rows(b, FP4D_DTYPE_MXFP4, FP4D_DTYPE_MXFP4, FP4D_LAYOUT_LINEAR, FP4D_DTYPE_F16, 512, few_rows);
     grouped_case_rows(b, FP4D_DTYPE_BF16, FP4D_DTYPE_NVFP4, FP4D_LAYOUT_LINEAR, FP4D_DTYPE_BF16, 256, full_tiles);
     grouped_case_rows(b, FP4D_DTYPE_BF16, FP4D_DTYPE_NVFP4, FP4D_LAYOUT_LINEAR, FP4D_DTYPE_F16, 2048, full_tiles);
     grouped_case_rows(b, FP4D_DTYPE_NVFP4, FP4D_DTYPE_NVFP4, FP4D_LAYOUT_SWIZZLED_128X4, FP4D_DTYPE_BF16, 512, long_rows);

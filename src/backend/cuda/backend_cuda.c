@@ -305,6 +305,11 @@ static fp4d_status stream_layout_copy(cuda_ctx *c, const dev_gemm *g, const uint
     FP4D_RETURN_ERROR_IF(!p, NOMEM, "cuda: out of host memory");
     for (int32_t e = 0; e < g->num_experts; e++) {
         uint8_t *dst = (uint8_t *)c->bstream.ptr + (size_t)e * stride;
+        if (g->offsets && g->offsets[e + 1] == g->offsets[e]) { /* no rows: never read */
+            p[e] = g->b_codes[e];
+            p[g->num_experts + e] = g->b_scales[e];
+            continue;
+        }
         const int err = stream_layout_of(g, e, dst, stream_codes_room(g), c->stream);
         if (err) {
             free(p);
@@ -483,7 +488,9 @@ static fp4d_status run_dev_gemm(cuda_ctx *c, const dev_gemm *g)
             gs.b_codes = stream;
             gs.b_scales = stream + g->num_experts;
             gs.b_stream = true;
-        } /* else no room for the copy: the natural layout, which the decode kernel takes */
+        } else {
+            fp4d_clear_error(); /* no room for the copy: the natural layout, which the decode kernel takes */
+        }
     }
     fp4d_skinny_args args;
     const fp4d_status st = plan_skinny(c, &gs, &c->params, &args); /* copies the tables synchronously */
@@ -902,6 +909,7 @@ static fp4d_status cuda_bench(void *ctx, const fp4d_gemm_desc *d, int repeats, f
             const size_t stride = stream_room(&s->g[0]);
             /* without room for it the decode kernel runs on the natural layout (as in gemm()) */
             const bool room = fp4d_devbuf_reserve(&wstream, stride * (size_t)weight_sets, false) == FP4D_STATUS_OK;
+            if (!room) fp4d_clear_error();
             for (int w = 0; room && st == FP4D_STATUS_OK && w < weight_sets; w++) {
                 /* weight set w is expert w of a grouped GEMM, or copy w of a plain one */
                 const dev_gemm one = {.b_format = d->b_type, .b_layout = d->b_layout, .b_codes = ptrs + w,

@@ -623,7 +623,7 @@ __device__ __forceinline__ uint32_t e2m1_pair_raw(uint32_t w, int i)
 }
 
 /* The same pair (bf16x2) from a word in the stream layout (formats/stream_codes.h, whose
- * fp4d_stream_decode_pair is this function's host twin): one or two shifts and one LOP3
+ * fp4d_stream_decode_pair is this function's host twin): at most two shifts and one LOP3
  * instead of two shifts and two or three logic operations. */
 __device__ __forceinline__ uint32_t e2m1_pair_stream(uint32_t w, int i)
 {
@@ -1092,6 +1092,10 @@ __global__ void __launch_bounds__(WA_WARPS * 32, WA_MIN_BLOCKS) wa_kernel(const 
         if (d < nph)
 #pragma unroll
             for (int r = 0; r < 2; r++) {
+                /* in the stream layout these offsets stay inside the first phase's chunk and
+                 * cover its first ~1.2 KB: on an H200 prefetching that whole chunk was 1-2%
+                 * slower at M = 1, and both phases' chunks 2-3% (the prefetches run beside the
+                 * previous kernel's tail) */
                 prefetch_l2(wp[r] + d * (WA_PHASE / 2));
                 prefetch_l2(wp[r] + d * (WA_PHASE / 2) + 64);
                 if (F16) {
@@ -3950,6 +3954,8 @@ extern "C" int fp4d_cuda_skinny_gemm(const fp4d_skinny_args *args, void *stream)
     const bool fp4a = args->a_type == FP4D_DTYPE_NVFP4 || args->a_type == FP4D_DTYPE_MXFP4;
     const int ak = fp4a ? AK_FP4 : args->a_type == FP4D_DTYPE_F16 ? AK_F16 : AK_BF16;
     const bool bnv = args->b_format == FP4D_DTYPE_NVFP4;
+    /* weights in the stream layout are for the weight-streaming kernel only */
+    if (args->b_stream_codes && !wa_kernel_applies(args)) return (int)cudaErrorInvalidValue;
     if (wa_kernel_applies(args)) {
         if (ak == AK_FP4) return bnv ? launch_wa_rows<AK_FP4, true>(args, s) : launch_wa_rows<AK_FP4, false>(args, s);
         if (ak == AK_F16) return launch_wa_rows<AK_F16, true>(args, s);
@@ -3998,7 +4004,9 @@ extern "C" int fp4d_cuda_gemv_applies(int a_type, int b_format, int64_t m, int64
         fp4d_skinny_args probe = {};
         probe.a_type = a_type;
         probe.b_format = b_format;
-        probe.b_stream_codes = a_type != FP4D_DTYPE_F16; /* the backend provides them where the kernel wants them */
+        /* the backend provides the stream layout where the kernel wants it, unless told not to */
+        const char *layout = getenv("FP4DOCTOR_CUDA_STREAM_LAYOUT");
+        probe.b_stream_codes = a_type != FP4D_DTYPE_F16 && !(layout && atoi(layout) == 0);
         probe.k = k;
         probe.max_rows = (int32_t)m;
         if (wa_kernel_applies(&probe)) return 0;
@@ -4195,7 +4203,7 @@ extern "C" size_t fp4d_cuda_stream_codes_bytes(int64_t n, int64_t k)
 
 extern "C" int fp4d_cuda_stream_codes(const uint8_t *src, uint8_t *dst, int64_t n, int64_t k, void *stream)
 {
-    if ((uintptr_t)src % 4 != 0 || (uintptr_t)dst % 16 != 0 || n < 0 || k % WA_PHASE != 0 || src == dst)
+    if ((uintptr_t)src % 4 != 0 || (uintptr_t)dst % 16 != 0 || n < 0 || k < 0 || k % WA_PHASE != 0 || src == dst)
         return (int)cudaErrorInvalidValue;
     const size_t bytes = fp4d_cuda_stream_codes_bytes(n, k);
     if (bytes == 0) return cudaSuccess;
@@ -4248,7 +4256,8 @@ extern "C" size_t fp4d_cuda_stream_scales_bytes(int64_t n, int64_t k)
 extern "C" int fp4d_cuda_stream_scales(const uint8_t *src, int layout, int format, uint8_t *dst, int64_t n, int64_t k,
                                        void *stream)
 {
-    if ((uintptr_t)dst % 16 != 0 || n < 0 || k % WA_PHASE != 0 || (format != FP4D_DTYPE_NVFP4 && format != FP4D_DTYPE_MXFP4))
+    if ((uintptr_t)dst % 16 != 0 || n < 0 || k < 0 || k % WA_PHASE != 0 ||
+        (format != FP4D_DTYPE_NVFP4 && format != FP4D_DTYPE_MXFP4))
         return (int)cudaErrorInvalidValue;
     const int64_t words = (int64_t)(fp4d_cuda_stream_scales_bytes(n, k) / 4);
     if (words == 0) return cudaSuccess;

@@ -131,7 +131,9 @@ typedef struct fp4d_skinny_args {
     int32_t               b_format;   /* NVFP4 or MXFP4 */
     int32_t               b_layout;
     int32_t               b_stream_codes; /* 1: b_codes and b_scales are in the stream layout
-                                             (fp4d_cuda_stream_codes / _scales) */
+                                             (fp4d_cuda_stream_codes / _scales), which only the
+                                             weight-streaming kernel reads: a launch it does not
+                                             take fails */
     const uint8_t *const *b_codes;    /* device array of num_experts device pointers */
     const uint8_t *const *b_scales;
     const float          *alpha;      /* device array, one per expert */
