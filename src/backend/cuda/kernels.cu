@@ -963,7 +963,7 @@ __global__ void __launch_bounds__(DK_WARPS * 32, 3) decode_kernel(const fp4d_ski
  * shift decodes a pair, see e2m1_pair_raw); the staged activations use the same pairing.
  *
  * With bf16 or FP4 activations the weight codes come in the stream layout
- * (formats/stream_codes.h, fp4d_cuda_stream_codes), so a pair decodes in one LOP3 and one or
+ * (formats/stream_codes.h, fp4d_cuda_stream_codes), so a pair decodes in one LOP3 and at most
  * two shifts: the loop is issue-bound on the ALU pipe, and the natural layout's decode took
  * 2.5 ALU operations per pair (measured: 14336x4096 at M = 1 took 13.0 us with the weights
  * served from L1, 10.3 with a one-LOP3 stand-in decode). f16 activations keep natural codes.
