@@ -53,7 +53,7 @@ typedef struct cuda_ctx {
     int64_t      wg_dense_min_m;         /* rows from which sm_90 dequantizes W first (wgmma) */
     fp4d_devbuf  a, a_sc, b, b_sc, out;  /* uploaded operands */
     fp4d_devbuf  wa, wb;                 /* dense working copies */
-    fp4d_devbuf  bstream;                /* weight codes in the stream layout (skinny path) */
+    fp4d_devbuf  bstream;                /* weights (codes, scales) in the stream layout (skinny path) */
     fp4d_devbuf  params;                 /* skinny work items, pointer tables, alphas */
     fp4d_devbuf  partials, counters;     /* split-K scratch (counters stay zero between launches) */
     fp4d_devbuf  aperm;                  /* k-permuted activations of the register-decode wgmma kernel */
@@ -75,7 +75,7 @@ typedef struct dev_gemm {
     const uint8_t   **b_scales;
     const float      *alpha;     /* host array */
     const int64_t    *offsets;   /* host array, num_experts + 1 */
-    bool              b_stream;  /* b_codes are in the stream layout (formats/stream_codes.h) */
+    bool              b_stream;  /* b_codes and b_scales are in the stream layout (kernels.h) */
     int64_t           n, k;
     fp4d_dtype        out_type;
     void             *out;

@@ -3747,10 +3747,11 @@ static bool wa_kernel_takes(int32_t a_type, int32_t b_format, int64_t k, int32_t
     return max_rows <= 16 && k % WA_PHASE == 0 && k >= WA_PHASE && (bnv || !f16);
 }
 
+/* ... given the layout its variant reads: natural for f16 activations, the stream layout else */
 static bool wa_kernel_applies(const fp4d_skinny_args *a)
 {
-    const bool natural_ok = a->a_type == FP4D_DTYPE_F16;
-    return wa_kernel_takes(a->a_type, a->b_format, a->k, a->max_rows) && (natural_ok ? !a->b_stream_codes : a->b_stream_codes);
+    const bool natural = a->a_type == FP4D_DTYPE_F16;
+    return wa_kernel_takes(a->a_type, a->b_format, a->k, a->max_rows) && natural != (a->b_stream_codes != 0);
 }
 
 extern "C" int fp4d_cuda_stream_codes_wanted(int a_type, int b_format, int64_t k, int64_t max_rows)
