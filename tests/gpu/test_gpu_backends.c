@@ -382,6 +382,47 @@ static void test_cuda_wa_three_splits(void **state)
     unsetenv("FP4DOCTOR_CUDA_WA_SPLITS");
 }
 
+/* The stream kernel with two warps per 16-row group forced (the backend picks them only for
+ * grids of at most one block per SM with 16+ phases per block, as 14336x4096 at M <= 8): each
+ * warp of a pair over its share of the block's phases - 1 and 2 of 3 (K = 768), none and 1
+ * of 1 (K = 256) - summed through shared memory before the split-K exchange and the store. */
+static void test_cuda_wa_two_warps_per_row_group(void **state)
+{
+    (void)state;
+    static const int64_t shapes[][3] = {
+        {1, 300, 4096}, {5, 129, 1536}, {8, 16, 7168}, {16, 257, 2560}, {3, 7, 768}, {2, 40, 256},
+    };
+    setenv("FP4DOCTOR_CUDA_WA_HALVES", "2", 1);
+    small_m_sweep("wa, two warps per row group", shapes, sizeof shapes / sizeof shapes[0], "0");
+    unsetenv("FP4DOCTOR_CUDA_WA_HALVES");
+#ifdef FP4D_TEST_CUDA_KERNELS
+    /* the rule itself, on 132 SMs: 14336x4096 at M = 1 (112 blocks of 16 phases) takes two,
+     * 4096x4096 split 4 ways (128 blocks of 4 phases), 224 blocks, or M = 9..16 take one */
+    fp4d_skinny_args a = {0};
+    a.a_type = FP4D_DTYPE_BF16;
+    a.b_format = FP4D_DTYPE_NVFP4;
+    a.num_items = 1;
+    a.max_rows = 1;
+    a.n = 14336;
+    a.k = 4096;
+    a.splits = 1;
+    assert_int_equal(fp4d_cuda_wa_warps_per_row_group(&a, 132), 2);
+    a.max_rows = 16;
+    assert_int_equal(fp4d_cuda_wa_warps_per_row_group(&a, 132), 1);
+    a.max_rows = 1;
+    a.splits = 2;
+    assert_int_equal(fp4d_cuda_wa_warps_per_row_group(&a, 132), 1);
+    a.n = 4096;
+    a.splits = 4;
+    assert_int_equal(fp4d_cuda_wa_warps_per_row_group(&a, 132), 1);
+    a.splits = 1;
+    assert_int_equal(fp4d_cuda_wa_warps_per_row_group(&a, 132), 2);
+    setenv("FP4DOCTOR_CUDA_WA_HALVES", "1", 1);
+    assert_int_equal(fp4d_cuda_wa_warps_per_row_group(&a, 132), 1);
+    unsetenv("FP4DOCTOR_CUDA_WA_HALVES");
+#endif
+}
+
 /* The fused large-M kernel (NVFP4 weights, K % 64 == 0, M >= 32 by default): M = 32, 100,
  * 128, 129, 300 (one and several 128-row M tiles, short last tiles), N not a multiple of
  * the 128-column tile (and odd N: unpaired output stores), K = 64 (one k tile) up to 4096
@@ -917,6 +958,7 @@ int main(void)
         cmocka_unit_test(test_cuda_wa),
         cmocka_unit_test(test_cuda_wa_natural_layout),
         cmocka_unit_test(test_cuda_wa_three_splits),
+        cmocka_unit_test(test_cuda_wa_two_warps_per_row_group),
         cmocka_unit_test(test_cuda_pdl_chain),
         cmocka_unit_test(test_cuda_quantize_bit_identical),
         cmocka_unit_test(test_cuda_e2m1_rounding_exhaustive),

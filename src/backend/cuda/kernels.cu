@@ -967,6 +967,10 @@ __global__ void __launch_bounds__(DK_WARPS * 32, 3) decode_kernel(const fp4d_ski
  * two shifts: the loop is issue-bound on the ALU pipe, and the natural layout's decode took
  * 2.5 ALU operations per pair (measured: 14336x4096 at M = 1 took 13.0 us with the weights
  * served from L1, 10.3 with a one-LOP3 stand-in decode). f16 activations keep natural codes.
+ *
+ * Where a grid has at most one block per SM (fp4d_cuda_wa_warps_per_row_group), blocks have
+ * two warps per 16-row group (KH = 2, 16 warps), each over half of the block's phases, their
+ * sums added through shared memory: twice the warps per scheduler at the same registers.
  * ------------------------------------------------------------------------------------- */
 
 constexpr int WA_WARPS = 8;
@@ -1024,22 +1028,27 @@ __device__ __forceinline__ uint32_t lds32(uint32_t addr)
     return v;
 }
 
-template <int AK, bool BNV, int MT>
-__global__ void __launch_bounds__(WA_WARPS * 32, WA_MIN_BLOCKS) wa_kernel(const fp4d_skinny_args p)
+template <int AK, bool BNV, int MT, int KH = 1>
+__global__ void __launch_bounds__(WA_WARPS * 32 * KH, KH == 1 ? WA_MIN_BLOCKS : 1) wa_kernel(const fp4d_skinny_args p)
 {
     constexpr bool F16 = AK == AK_F16;
     static_assert(BNV || !F16, "f16 activations with MXFP4 weights take the simt path");
     extern __shared__ __align__(16) uint4 wa_act[];
     __shared__ uint32_t wa_stab[256]; /* scale byte -> folded pair */
     __shared__ uint4 wa_zero;         /* B fragment of tokens past the item */
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    /* KH > 1: KH warps per row group, each over its share of the block's phases (more warps
+     * per SM at the same registers), summed through shared memory at the end */
+    const int lane = threadIdx.x & 31, warp = (threadIdx.x >> 5) % WA_WARPS, kh = KH > 1 ? (threadIdx.x >> 5) / WA_WARPS : 0;
+    const int g = lane >> 2, t = lane & 3;
 
     const fp4d_skinny_item it = p.items[blockIdx.z];
     const uint8_t *bcodes = p.b_codes[it.expert];
     const uint8_t *bscales = p.b_scales[it.expert];
     const int64_t K = p.k, N = p.n, phases = K / WA_PHASE;
     const int64_t ph0 = phases * blockIdx.y / p.splits;
-    const int nph = (int)(phases * (blockIdx.y + 1) / p.splits - ph0);
+    const int nph_block = (int)(phases * (blockIdx.y + 1) / p.splits - ph0);
+    const int hph0 = nph_block * kh / KH; /* this warp's first phase, relative to ph0 */
+    const int nph = nph_block * (kh + 1) / KH - hph0;
     const int mp = it.rows;
     const int64_t bC = K / (BNV ? 16 : 32);
 
@@ -1053,14 +1062,14 @@ __global__ void __launch_bounds__(WA_WARPS * 32, WA_MIN_BLOCKS) wa_kernel(const 
      * 2 KB per phase, in the order of its lanes' loads (warps past the last row group read
      * the last one, like the clamped rows) */
     const int64_t groups = (N + 15) / 16, group = min((int64_t)blockIdx.x * WA_WARPS + warp, groups - 1);
-    const int64_t chunk0 = wa_chunk_index(group, ph0, groups);
+    const int64_t chunk0 = wa_chunk_index(group, ph0 + hph0, groups);
     const int64_t wstep = F16 ? WA_PHASE / 2 : groups * WA_STREAM_CHUNK; /* per phase */
-    const uint8_t *wp[2] = {F16 ? bcodes + r_lo * (K / 2) + ph0 * (WA_PHASE / 2) + 16 * t
+    const uint8_t *wp[2] = {F16 ? bcodes + r_lo * (K / 2) + (ph0 + hph0) * (WA_PHASE / 2) + 16 * t
                                 : bcodes + chunk0 * WA_STREAM_CHUNK + 16 * lane,
-                            F16 ? bcodes + r_hi * (K / 2) + ph0 * (WA_PHASE / 2) + 16 * t
+                            F16 ? bcodes + r_hi * (K / 2) + (ph0 + hph0) * (WA_PHASE / 2) + 16 * t
                                 : bcodes + chunk0 * WA_STREAM_CHUNK + 16 * lane + WA_STREAM_CHUNK / 4};
     constexpr int cols_phase = WA_PHASE / (BNV ? 16 : 32), cols_chunk = cols_phase / 2;
-    const int64_t sc_col0 = scale_col_off(p.b_layout, ph0 * cols_phase + (BNV ? 2 * t : t));
+    const int64_t sc_col0 = scale_col_off(p.b_layout, (ph0 + hph0) * cols_phase + (BNV ? 2 * t : t));
     const int sc_chunk = (int)scale_col_off(p.b_layout, cols_chunk), sc_phase = (int)scale_col_off(p.b_layout, cols_phase);
     const int64_t sstep = F16 ? sc_phase : groups * WA_STREAM_SCALE_CHUNK;
     const uint8_t *sp_[2] = {F16 ? bscales + scale_row_off(p.b_layout, bC, r_lo) + sc_col0
@@ -1135,7 +1144,7 @@ __global__ void __launch_bounds__(WA_WARPS * 32, WA_MIN_BLOCKS) wa_kernel(const 
          * in flight before the first is used (one at a time, the staging was a chain of L2
          * latencies; with the per-unit address arithmetic it was 47% of the stall samples
          * at M = 16) */
-        const int groups = nph * (WA_PHASE / 8);
+        const int groups = nph_block * (WA_PHASE / 8);
         const int64_t kbase = ph0 * WA_PHASE;
         const int row_units = (int)(K / 8); /* 16-byte (4-byte FP4) units per token row */
         const bool nva = p.a_type == FP4D_DTYPE_NVFP4;
@@ -1146,7 +1155,7 @@ __global__ void __launch_bounds__(WA_WARPS * 32, WA_MIN_BLOCKS) wa_kernel(const 
         auto advance = [&]() {
             if (++m == mp) {
                 m = 0;
-                g8 += WA_WARPS * 32;
+                g8 += WA_WARPS * 32 * KH;
                 src = g8;
                 dst = wa_unit(g8, 0, mp);
             } else {
@@ -1277,7 +1286,7 @@ __global__ void __launch_bounds__(WA_WARPS * 32, WA_MIN_BLOCKS) wa_kernel(const 
             const int ph = p0 + d;
             if (ph < nph) {
                 issue(ph + WA_DEPTH - 1, cw[(d + WA_DEPTH - 1) % WA_DEPTH], cs[(d + WA_DEPTH - 1) % WA_DEPTH]);
-                compute(ph, cw[d], cs[d]);
+                compute(hph0 + ph, cw[d], cs[d]);
             }
         }
     }
@@ -1286,11 +1295,28 @@ __global__ void __launch_bounds__(WA_WARPS * 32, WA_MIN_BLOCKS) wa_kernel(const 
     for (int mt = 0; mt < MT; mt++)
 #pragma unroll
         for (int e = 0; e < 4; e++) acc[mt][e] += acc2[mt][e];
+    if (KH > 1) {
+        /* the other warps' sums of this row group, added in warp order (deterministic) */
+        __shared__ float wa_xsum[KH > 1 ? (KH - 1) * WA_WARPS * 32 * MT * 4 : 1];
+        if (kh > 0)
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) wa_xsum[((((kh - 1) * WA_WARPS + warp) * MT + mt) * 4 + e) * 32 + lane] = acc[mt][e];
+        __syncthreads();
+        if (kh == 0)
+            for (int h = 1; h < KH; h++)
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) acc[mt][e] += wa_xsum[((((h - 1) * WA_WARPS + warp) * MT + mt) * 4 + e) * 32 + lane];
+    }
 
-    /* accumulator element e: weight row g (e < 2) or g + 8, token mt*8 + 2t + (e & 1) */
+    /* accumulator element e: weight row g (e < 2) or g + 8, token mt*8 + 2t + (e & 1); only
+     * the first warp of a row group stores */
     auto ok = [&](int mt, int e) {
         const int64_t n = e < 2 ? n_lo : n_hi;
-        return n < N && mt * 8 + 2 * t + (e & 1) < mp;
+        return kh == 0 && n < N && mt * 8 + 2 * t + (e & 1) < mp;
     };
     constexpr int SLOTS = WA_WARPS * MT * 4 * 32;
     if (p.splits > 1 &&
@@ -3934,7 +3960,24 @@ static int launch_decode_rows(const fp4d_skinny_args *args, cudaStream_t s)
     return args->max_rows > 8 ? launch_decode<AK, BNV, true>(args, s) : launch_decode<AK, BNV, false>(args, s);
 }
 
-template <int AK, bool BNV, int MT>
+/* Warps per 16-row group of a stream launch (wa_kernel's KH). Two where the grid holds at
+ * most one block per SM anyway, every block has 16+ phases (8+ per warp) and M <= 8: the
+ * kernel is bound by issue latency at two warps per scheduler, and the second warp of each
+ * row group takes half the phases. Measured on an H200 (same runs): 14336x4096 W4A16 M = 1
+ * 11.83-11.87 -> 11.55-11.68 us, W4A4 M = 4 13.70 -> 12.74-12.88, MoE at one token (128
+ * blocks of 28 phases) 18.9 -> 16.6; where blocks share SMs or hold few phases it was slower
+ * (4096x4096 M = 1 7.3 -> 8.5-9.3, M = 16 on 14336x4096 20.1 -> 25.3), hence the rule.
+ * FP4DOCTOR_CUDA_WA_HALVES=1 or 2 forces it (A/B timing, tests). */
+extern "C" int fp4d_cuda_wa_warps_per_row_group(const fp4d_skinny_args *args, int sm_count)
+{
+    const int64_t forced = env_int("FP4DOCTOR_CUDA_WA_HALVES", 0);
+    if (forced == 1 || forced == 2) return (int)forced;
+    const int64_t blocks = (args->n + WA_ROWS - 1) / WA_ROWS * args->splits * args->num_items;
+    const int64_t pps = args->k / WA_PHASE / (args->splits > 0 ? args->splits : 1);
+    return args->max_rows <= 8 && blocks <= (sm_count > 0 ? sm_count : 132) && pps >= 16 ? 2 : 1;
+}
+
+template <int AK, bool BNV, int MT, int KH>
 static int launch_wa(const fp4d_skinny_args *args, cudaStream_t s)
 {
     const int64_t phases = args->k / WA_PHASE, pps = (phases + args->splits - 1) / args->splits;
@@ -3947,15 +3990,17 @@ static int launch_wa(const fp4d_skinny_args *args, cudaStream_t s)
      * on a device, so that no thread lowers it under another's launch */
     int sms = 0;
     const size_t padded = pdl_padded_smem(&sms), staged = (size_t)wa_smem_limit();
-    const cudaError_t e = cudaFuncSetAttribute(wa_kernel<AK, BNV, MT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    const cudaError_t e = cudaFuncSetAttribute(wa_kernel<AK, BNV, MT, KH>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                (int)(padded > staged ? padded : staged));
     if (e != cudaSuccess) return (int)e;
-    return (int)launch_pdl(wa_kernel<AK, BNV, MT>, grid, dim3(WA_WARPS * 32), smem, s, *args);
+    return (int)launch_pdl(wa_kernel<AK, BNV, MT, KH>, grid, dim3(WA_WARPS * 32 * KH), smem, s, *args);
 }
 
 template <int AK, bool BNV> static int launch_wa_rows(const fp4d_skinny_args *args, cudaStream_t s)
 {
-    return args->max_rows > 8 ? launch_wa<AK, BNV, 2>(args, s) : launch_wa<AK, BNV, 1>(args, s);
+    if (fp4d_cuda_wa_warps_per_row_group(args, (int)current_sm_count()) == 2)
+        return args->max_rows > 8 ? launch_wa<AK, BNV, 2, 2>(args, s) : launch_wa<AK, BNV, 1, 2>(args, s);
+    return args->max_rows > 8 ? launch_wa<AK, BNV, 2, 1>(args, s) : launch_wa<AK, BNV, 1, 1>(args, s);
 }
 
 extern "C" int fp4d_cuda_skinny_gemm(const fp4d_skinny_args *args, void *stream)
