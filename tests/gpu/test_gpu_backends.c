@@ -356,6 +356,15 @@ static void test_cuda_wa(void **state)
     small_m_sweep("wa", shapes, sizeof shapes / sizeof shapes[0], "0");
 }
 
+/* small_m_sweep with the environment variable `var` set to `value` for its duration. */
+static void small_m_sweep_with(const char *var, const char *value, const char *label, const int64_t (*shapes)[3],
+                               size_t count)
+{
+    setenv(var, value, 1);
+    small_m_sweep(label, shapes, count, "0");
+    unsetenv(var);
+}
+
 /* The same items with the stream layout off (as where the device has no room for it): the
  * decode kernel takes them on the natural layout. */
 static void test_cuda_wa_natural_layout(void **state)
@@ -364,9 +373,8 @@ static void test_cuda_wa_natural_layout(void **state)
     static const int64_t shapes[][3] = {
         {1, 300, 4096}, {5, 129, 1536}, {8, 16, 7168}, {16, 257, 2560}, {3, 7, 768},
     };
-    setenv("FP4DOCTOR_CUDA_STREAM_LAYOUT", "0", 1);
-    small_m_sweep("wa items, natural layout", shapes, sizeof shapes / sizeof shapes[0], "0");
-    unsetenv("FP4DOCTOR_CUDA_STREAM_LAYOUT");
+    small_m_sweep_with("FP4DOCTOR_CUDA_STREAM_LAYOUT", "0", "wa items, natural layout", shapes,
+                       sizeof shapes / sizeof shapes[0]);
 }
 
 /* The stream kernel with 3 splits forced (the planner picks 1, 2, 4 or 8 on most shapes):
@@ -377,9 +385,7 @@ static void test_cuda_wa_three_splits(void **state)
     static const int64_t shapes[][3] = {
         {1, 300, 4096}, {5, 129, 1536}, {8, 16, 7168}, {9, 200, 1024}, {16, 257, 2560}, {3, 7, 768},
     };
-    setenv("FP4DOCTOR_CUDA_WA_SPLITS", "3", 1);
-    small_m_sweep("wa (3 splits)", shapes, sizeof shapes / sizeof shapes[0], "0");
-    unsetenv("FP4DOCTOR_CUDA_WA_SPLITS");
+    small_m_sweep_with("FP4DOCTOR_CUDA_WA_SPLITS", "3", "wa (3 splits)", shapes, sizeof shapes / sizeof shapes[0]);
 }
 
 /* The stream kernel with two warps per 16-row group forced (the backend picks them only for
@@ -392,9 +398,8 @@ static void test_cuda_wa_two_warps_per_row_group(void **state)
     static const int64_t shapes[][3] = {
         {1, 300, 4096}, {5, 129, 1536}, {8, 16, 7168}, {16, 257, 2560}, {3, 7, 768}, {2, 40, 256},
     };
-    setenv("FP4DOCTOR_CUDA_WA_HALVES", "2", 1);
-    small_m_sweep("wa, two warps per row group", shapes, sizeof shapes / sizeof shapes[0], "0");
-    unsetenv("FP4DOCTOR_CUDA_WA_HALVES");
+    small_m_sweep_with("FP4DOCTOR_CUDA_WA_HALVES", "2", "wa, two warps per row group", shapes,
+                       sizeof shapes / sizeof shapes[0]);
 #ifdef FP4D_TEST_CUDA_KERNELS
     /* the rule itself, on 132 SMs: 14336x4096 at M = 1 (112 blocks of 16 phases) takes two,
      * 4096x4096 split 4 ways (128 blocks of 4 phases), 224 blocks, or M = 9..16 take one */
