@@ -390,19 +390,26 @@ static void test_cuda_wa_three_splits(void **state)
 
 /* The stream kernel with two warps per 16-row group forced (the backend picks them only for
  * grids of at most one block per SM with 16+ phases per block, as 14336x4096 at M <= 8): each
- * warp of a pair over its share of the block's phases - 1 and 2 of 3 (K = 768), none and 1
- * of 1 (K = 256) - summed through shared memory before the split-K exchange and the store. */
+ * warp of a pair over its share of the block's phases, summed through shared memory before
+ * the split-K exchange and the store. Once with the planner's splits (one phase per block on
+ * these shapes: the first warp of each pair has none), once with one split where the staged
+ * activations allow it - 8 and 8 of 16 phases (K = 4096), 3 and 3 of 6, 5 and 5 of 10, 1 and
+ * 2 of 3 (K = 768), none and 1 of 1 (K = 256) - so that the second warp starts mid-block. */
 static void test_cuda_wa_two_warps_per_row_group(void **state)
 {
     (void)state;
     static const int64_t shapes[][3] = {
         {1, 300, 4096}, {5, 129, 1536}, {8, 16, 7168}, {16, 257, 2560}, {3, 7, 768}, {2, 40, 256},
     };
-    small_m_sweep_with("FP4DOCTOR_CUDA_WA_HALVES", "2", "wa, two warps per row group", shapes,
-                       sizeof shapes / sizeof shapes[0]);
+    const size_t count = sizeof shapes / sizeof shapes[0];
+    small_m_sweep_with("FP4DOCTOR_CUDA_WA_HALVES", "2", "wa, two warps per row group", shapes, count);
+    setenv("FP4DOCTOR_CUDA_WA_SPLITS", "1", 1);
+    small_m_sweep_with("FP4DOCTOR_CUDA_WA_HALVES", "2", "wa, two warps per row group, one split", shapes, count);
+    unsetenv("FP4DOCTOR_CUDA_WA_SPLITS");
 #ifdef FP4D_TEST_CUDA_KERNELS
-    /* the rule itself, on 132 SMs: 14336x4096 at M = 1 (112 blocks of 16 phases) takes two,
-     * 4096x4096 split 4 ways (128 blocks of 4 phases), 224 blocks, or M = 9..16 take one */
+    /* the rule itself, on 132 SMs: 14336x4096 at M = 1 in one split (112 blocks of 16 phases)
+     * and 4096x4096 in one split (32 blocks of 16) take two; M = 9..16, two splits of
+     * 14336x4096 (224 blocks) and four of 4096x4096 (128 blocks of 4 phases) take one */
     fp4d_skinny_args a = {0};
     a.a_type = FP4D_DTYPE_BF16;
     a.b_format = FP4D_DTYPE_NVFP4;

@@ -1123,7 +1123,7 @@ __global__ void __launch_bounds__(WA_WARPS * 32 * KH, KH == 1 ? WA_MIN_BLOCKS : 
                     prefetch_l2(sp_[r] + d * sc_phase);
                     prefetch_l2(sp_[r] + d * sc_phase + sc_chunk);
                 } else if (r == 0) {
-                    prefetch_l2(sp_[0] + d * WA_STREAM_SCALE_CHUNK);
+                    prefetch_l2(sp_[0] + d * sstep);
                 }
             }
     for (int b = threadIdx.x; b < 256; b += blockDim.x) wa_stab[b] = BNV ? nv_scale_folded1<F16>((uint32_t)b) : mx_scale_pair((uint32_t)b);
@@ -3799,8 +3799,9 @@ extern "C" int fp4d_cuda_stream_codes_wanted(int a_type, int b_format, int64_t k
 }
 
 /* Dynamic shared memory a stream block may stage on the current device: WA_SMEM_MAX, or less
- * where the device grants a block less (opt-in limit minus the kernel's static tables; e.g.
- * 99 KB per block on sm_86/sm_89/sm_120 parts); 48 KB when the runtime cannot say. */
+ * where the device grants a block less (opt-in limit minus the largest static tables of any
+ * instance - the two-warps-per-row-group one with 16 tokens, whose partner sums take 8 KB;
+ * e.g. 99 KB per block on sm_86/sm_89/sm_120 parts); 48 KB when the runtime cannot say. */
 static int64_t wa_smem_limit(void)
 {
     const int dev = cached_device_index();
@@ -3811,7 +3812,7 @@ static int64_t wa_smem_limit(void)
         cudaFuncAttributes attr;
         int64_t limit = 48 * 1024;
         if (cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) == cudaSuccess &&
-            cudaFuncGetAttributes(&attr, wa_kernel<AK_BF16, true, 2>) == cudaSuccess) {
+            cudaFuncGetAttributes(&attr, wa_kernel<AK_BF16, true, 2, 2>) == cudaSuccess) {
             const int64_t room = ((int64_t)optin - (int64_t)attr.sharedSizeBytes) & ~(int64_t)15;
             limit = room < WA_SMEM_MAX ? room : WA_SMEM_MAX;
             if (limit < 48 * 1024) limit = 48 * 1024; /* every CUDA GPU grants a block 48 KB */
