@@ -3503,15 +3503,23 @@ static int32_t dense_tail_plan(int64_t tiles, int64_t ktiles, int64_t grid, int6
     return (int32_t)best_s;
 }
 
-/* SMs of the current device (the persistent grid), 0 when the runtime cannot say */
+/* SMs of the current device (the persistent grid, the stream kernel's warps per row group),
+ * 0 when the runtime cannot say; cached per device like the other launch facts, since the
+ * stream kernel asks on every launch */
 static int64_t current_sm_count(void)
 {
-    int dev = 0, sms = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
-        (void)cudaGetLastError();
-        return 0;
+    static int cached[64];
+    const int dev = cached_device_index();
+    if (dev < 0) return 0;
+    if (cached[dev] == 0) {
+        int sms = 0;
+        if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
+            (void)cudaGetLastError();
+            return 0;
+        }
+        cached[dev] = sms;
     }
-    return sms;
+    return cached[dev];
 }
 
 extern "C" void fp4d_cuda_dense_wgmma_scratch(int64_t m, int64_t n, int64_t k, int32_t splits, size_t *partial_floats,
