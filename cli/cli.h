@@ -46,8 +46,13 @@ bool cli_split_tensor_spec(const char *spec, char **path, char **name);
  * --help, FP4D_EXIT_USAGE after a one-line error naming an unknown option. */
 int cli_parse_help_only(int argc, char **argv, void (*usage)(FILE *));
 
-/* Opens FILE for --json FILE|- style options: "-" is stdout. NULL on failure (message printed). */
+/* Report files of --json FILE|- style options. cli_open_output: "-" is stdout; a regular or
+ * new file is written to a temporary file beside it, NULL on failure (message printed).
+ * cli_close_output puts the report in place (renames it over FILE) and returns FP4D_EXIT_OK or,
+ * after a message, FP4D_EXIT_INPUT; cli_discard_output drops it and leaves a previous FILE as it
+ * was - for runs that fail before their report is complete. */
 FILE *cli_open_output(const char *cmd, const char *path);
-void  cli_close_output(FILE *f);
+int   cli_close_output(FILE *f);
+void  cli_discard_output(FILE *f);
 
 #endif

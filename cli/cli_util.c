@@ -4,6 +4,7 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "cli.h"
@@ -62,19 +63,108 @@ int cli_parse_help_only(int argc, char **argv, void (*usage)(FILE *))
     return -1;
 }
 
+/* Report files are written to a temporary file beside the target and renamed over it when
+ * complete, so that a run that fails half-way - a checkpoint that cannot be read, a URL that
+ * cannot be probed - leaves the user's previous report as it was instead of empty or gone.
+ * Devices, pipes and symbolic links are written in place (renaming over a link would replace
+ * the link, not the file it names). */
+typedef struct pending_output {
+    FILE *f;
+    char *tmp;  /* NULL: written in place (stdout, a device or pipe, a directory we may not write) */
+    char *path;
+    char  cmd[32];
+} pending_output;
+static pending_output pending[8];
+
+static pending_output *find_pending(FILE *f)
+{
+    for (size_t i = 0; i < sizeof pending / sizeof pending[0]; i++)
+        if (pending[i].f == f) return &pending[i];
+    return NULL;
+}
+
+static void forget_pending(pending_output *p)
+{
+    free(p->tmp);
+    free(p->path);
+    memset(p, 0, sizeof *p);
+}
+
 FILE *cli_open_output(const char *cmd, const char *path)
 {
     if (!strcmp(path, "-")) return stdout;
-    FILE *f = fopen(path, "w");
+    pending_output *slot = find_pending(NULL);
+    struct stat st; /* lstat: a symbolic link is written through, in place, not replaced */
+    const bool exists = lstat(path, &st) == 0;
+    char *tmp = NULL;
+    int fd = -1;
+    if (slot && (!exists || S_ISREG(st.st_mode))) {
+        const size_t n = strlen(path) + sizeof ".tmp-XXXXXX";
+        tmp = malloc(n);
+        if (tmp) {
+            snprintf(tmp, n, "%s.tmp-XXXXXX", path);
+            fd = mkstemp(tmp);
+        }
+        if (fd < 0) {
+            const int err = errno;
+            free(tmp);
+            tmp = NULL;
+            /* no room for a temporary file next to it: write in place if that is allowed */
+            if (!exists || access(path, W_OK) != 0) {
+                cli_fail(FP4D_EXIT_INPUT, cmd, "cannot write '%s': %s", path, strerror(err));
+                return NULL;
+            }
+        } else {
+            const mode_t mask = umask(0);
+            umask(mask);
+            (void)fchmod(fd, exists ? (st.st_mode & 07777) : (0666 & ~mask)); /* as fopen would create it */
+        }
+    }
+    FILE *f = fd >= 0 ? fdopen(fd, "w") : fopen(path, "w");
     if (!f) {
-        cli_fail(FP4D_EXIT_INPUT, cmd, "cannot write '%s': %s", path, strerror(errno));
+        const int err = errno;
+        if (fd >= 0) {
+            close(fd);
+            unlink(tmp);
+        }
+        free(tmp);
+        cli_fail(FP4D_EXIT_INPUT, cmd, "cannot write '%s': %s", path, strerror(err));
         return NULL;
+    }
+    if (slot) {
+        slot->f = f;
+        slot->tmp = tmp;
+        slot->path = strdup(path);
+        snprintf(slot->cmd, sizeof slot->cmd, "%s", cmd);
     }
     return f;
 }
 
-void cli_close_output(FILE *f)
+int cli_close_output(FILE *f)
 {
-    if (f && f != stdout) fclose(f);
-    else if (f) fflush(f);
+    if (!f) return FP4D_EXIT_OK;
+    if (f == stdout) return fflush(f) == 0 ? FP4D_EXIT_OK : FP4D_EXIT_INPUT;
+    pending_output *p = find_pending(f);
+    bool ok = fflush(f) == 0 && !ferror(f);
+    int err = ok ? 0 : (errno ? errno : EIO);
+    if (fclose(f) != 0 && ok) ok = false, err = errno;
+    if (ok && p && p->tmp && rename(p->tmp, p->path) != 0) ok = false, err = errno;
+    if (!ok && p && p->tmp) unlink(p->tmp);
+    const int rc = ok ? FP4D_EXIT_OK
+                      : cli_fail(FP4D_EXIT_INPUT, p ? p->cmd : "report", "cannot write '%s': %s", p ? p->path : "output",
+                                 strerror(err));
+    if (p) forget_pending(p);
+    return rc;
+}
+
+void cli_discard_output(FILE *f)
+{
+    if (!f || f == stdout) {
+        if (f) fflush(f);
+        return;
+    }
+    pending_output *p = find_pending(f);
+    fclose(f);
+    if (p && p->tmp) unlink(p->tmp);
+    if (p) forget_pending(p);
 }

@@ -522,16 +522,18 @@ int cmd_bench(int argc, char **argv)
     if (table) print_rows(&rs);
     for (size_t i = 0; i < rs.n; i++)
         if (!strncmp(rs.v[i].status, "ERROR", 5)) failures++;
+    bool written = true;
     if (jf) {
         json_t *root = json_pack("{s:i, s:s, s:o, s:o}", "schema_version", 1, "command", "bench", "results", rows_json(&rs),
                                  "quantize", extra);
         json_dumpf(root, jf, JSON_INDENT(2));
         fputc('\n', jf);
         json_decref(root);
-        cli_close_output(jf);
+        if (cli_close_output(jf) != FP4D_EXIT_OK) written = false;
     } else {
         json_decref(extra);
     }
     free(rs.v);
+    if (!written) return FP4D_EXIT_INPUT;
     return failures ? FP4D_EXIT_FAILED : FP4D_EXIT_OK;
 }

@@ -201,9 +201,9 @@ int cmd_check(int argc, char **argv)
 
     FILE *json_f = NULL, *junit_f = NULL, *html_f = NULL;
     if (json_path && !(json_f = cli_open_output(cmd, json_path))) { rc = FP4D_EXIT_INPUT; goto out; }
-    if (junit_path && !(junit_f = cli_open_output(cmd, junit_path))) { cli_close_output(json_f); rc = FP4D_EXIT_INPUT; goto out; }
+    if (junit_path && !(junit_f = cli_open_output(cmd, junit_path))) { cli_discard_output(json_f); rc = FP4D_EXIT_INPUT; goto out; }
     if (html_path && !(html_f = cli_open_output(cmd, html_path))) {
-        cli_close_output(json_f), cli_close_output(junit_f);
+        cli_discard_output(json_f), cli_discard_output(junit_f);
         rc = FP4D_EXIT_INPUT;
         goto out;
     }
@@ -217,7 +217,7 @@ int cmd_check(int argc, char **argv)
     if (fp4d_doctor_run(&opt, &rep) != FP4D_STATUS_OK) {
         if (ps.enabled) fprintf(stderr, "\r\033[K");
         rc = cli_fail(FP4D_EXIT_INTERNAL, cmd, "%s", fp4d_last_error());
-        cli_close_output(json_f), cli_close_output(junit_f), cli_close_output(html_f);
+        cli_discard_output(json_f), cli_discard_output(junit_f), cli_discard_output(html_f);
         goto out;
     }
     if (ps.enabled) fprintf(stderr, "\r\033[K");
@@ -226,10 +226,11 @@ int cmd_check(int argc, char **argv)
     if (json_f) fp4d_report_write_json(&rep, json_f);
     if (junit_f) fp4d_report_write_junit(&rep, junit_f);
     if (html_f) fp4d_report_write_html(&rep, html_f);
-    cli_close_output(json_f), cli_close_output(junit_f), cli_close_output(html_f);
+    const int written = cli_close_output(json_f) | cli_close_output(junit_f) | cli_close_output(html_f);
     if (!no_cache && fp4d_report_update_cache(&rep) != FP4D_STATUS_OK)
         fprintf(stderr, "fp4doctor check: warning: %s\n", fp4d_last_error());
     rc = fp4d_report_exit_code(&rep);
+    if (written != FP4D_EXIT_OK && rc == FP4D_EXIT_OK) rc = FP4D_EXIT_INPUT; /* a report not written */
     fp4d_report_free(&rep);
 out:
     if (names)

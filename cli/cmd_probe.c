@@ -305,8 +305,7 @@ int cmd_probe(int argc, char **argv)
     if (prog.enabled && prog.last_phase) fputs("\r\033[K", stderr);
 
     if (st != FP4D_STATUS_OK) {
-        cli_close_output(json_out);
-        if (json_out && json_out != stdout) remove(json_path);
+        cli_discard_output(json_out); /* a previous report stays as it was */
         return cli_fail(st == FP4D_STATUS_INVALID_ARG ? FP4D_EXIT_USAGE : FP4D_EXIT_INTERNAL, cmd, "%s",
                         fp4d_last_error());
     }
@@ -320,7 +319,7 @@ int cmd_probe(int argc, char **argv)
             fputc('\n', json_out);
             free(doc);
         }
-        cli_close_output(json_out);
+        if (cli_close_output(json_out) != FP4D_EXIT_OK && rc == FP4D_EXIT_OK) rc = FP4D_EXIT_INPUT;
     }
     fp4d_probe_report_free(r);
     return rc;

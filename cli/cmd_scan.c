@@ -119,7 +119,7 @@ int cmd_scan(int argc, char **argv)
     if (st != FP4D_STATUS_OK) {
         int code = st == FP4D_STATUS_NOT_FOUND || st == FP4D_STATUS_IO || st == FP4D_STATUS_PARSE ? FP4D_EXIT_INPUT
                                                                                                  : FP4D_EXIT_INTERNAL;
-        cli_close_output(json_out);
+        cli_discard_output(json_out); /* a previous report stays as it was */
         return cli_fail(code, cmd, "%s", fp4d_last_error());
     }
     int rc = fp4d_scan_report_count_at_least(rep, FP4D_SCAN_ERROR) ? FP4D_EXIT_FAILED : FP4D_EXIT_OK;
@@ -127,13 +127,13 @@ int cmd_scan(int argc, char **argv)
     if (json_out) {
         char *text = NULL;
         if (fp4d_scan_report_json(rep, &text) != FP4D_STATUS_OK) {
-            cli_close_output(json_out);
+            cli_discard_output(json_out);
             fp4d_scan_report_free(rep);
             return cli_fail(FP4D_EXIT_INTERNAL, cmd, "%s", fp4d_last_error());
         }
         fputs(text, json_out);
         fputc('\n', json_out);
-        cli_close_output(json_out);
+        if (cli_close_output(json_out) != FP4D_EXIT_OK && rc == FP4D_EXIT_OK) rc = FP4D_EXIT_INPUT;
         free(text);
     }
     fp4d_scan_report_free(rep);

@@ -470,6 +470,67 @@ static void test_bench_host_backends(void **state)
     assert_true(output_contains("stderr.txt", "nope"));
 }
 
+/* Files in dir whose names start with `prefix` (leftover temporary reports). */
+static int files_starting_with(const char *prefix)
+{
+    DIR *d = opendir(dir);
+    assert_non_null(d);
+    int n = 0;
+    for (struct dirent *e; (e = readdir(d));) n += strncmp(e->d_name, prefix, strlen(prefix)) == 0;
+    closedir(d);
+    return n;
+}
+
+/* --json reports are written beside the target and renamed over it when complete: a run that
+ * fails (scan of a missing checkpoint, probe of an unusable URL) leaves the previous report as
+ * it was - before, it was left empty (scan) or deleted (probe) - and a complete one replaces it,
+ * with the permissions fopen would give a new file and no temporary file left behind. */
+static void test_report_replaced_only_when_complete(void **state)
+{
+    (void)state;
+    static const char old[] = "{\"previous\": \"report\"}\n";
+    const char *keep = path_of("keep.json");
+    FILE *f = fopen(keep, "w");
+    assert_non_null(f);
+    fputs(old, f);
+    fclose(f);
+
+    assert_int_equal(run_cli("scan '%s' --json '%s'", path_of("no-such-checkpoint.safetensors"), keep), 3);
+    char *now = tu_slurp(keep, NULL);
+    assert_non_null(now);
+    assert_string_equal(now, old);
+    free(now);
+    assert_int_not_equal(run_cli("probe 'ftp://127.0.0.1:1/v1' --json '%s'", keep), 0);
+    now = tu_slurp(keep, NULL);
+    assert_non_null(now);
+    assert_string_equal(now, old);
+    free(now);
+    assert_int_equal(files_starting_with("keep.json.tmp-"), 0);
+
+    /* a complete report replaces it */
+    assert_int_equal(run_cli("bench --backend ref --shapes 32x64 --m 1 --no-moe --no-quantize --repeats 1 --json '%s'",
+                             keep),
+                     0);
+    json_error_t err;
+    json_t *root = json_load_file(keep, 0, &err);
+    assert_non_null(root);
+    assert_string_equal(json_string_value(json_object_get(root, "command")), "bench");
+    json_decref(root);
+    assert_int_equal(files_starting_with("keep.json.tmp-"), 0);
+
+    /* a new report gets 0666 less the umask, as fopen would give it */
+    const char *fresh = path_of("fresh.json");
+    unlink(fresh);
+    const mode_t mask = umask(022);
+    assert_int_equal(run_cli("bench --backend ref --shapes 32x64 --m 1 --no-moe --no-quantize --repeats 1 --json '%s'",
+                             fresh),
+                     0);
+    umask(mask);
+    struct stat st;
+    assert_int_equal(stat(fresh, &st), 0);
+    assert_int_equal(st.st_mode & 0777, 0644);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -479,6 +540,7 @@ int main(void)
         cmocka_unit_test(test_gemm_ref_and_verify),
         cmocka_unit_test(test_bad_input_exit_codes),
         cmocka_unit_test(test_bench_host_backends),
+        cmocka_unit_test(test_report_replaced_only_when_complete),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
