@@ -59,19 +59,32 @@ static void usage(FILE *f)
             "          --m 1,4,16,64,128,1024,8192 --tokens 1,4,16,64,256,1024,4096 --repeats 20\n");
 }
 
+/* Splits a comma-separated list in place: the number of items, or -1 for an empty item
+ * ("1,,2", a trailing comma) or more than max items - mistakes to report, not to drop. */
 static int split_list(char *s, const char **out, int max)
 {
     int n = 0;
-    for (char *save = NULL, *t = strtok_r(s, ",", &save); t && n < max; t = strtok_r(NULL, ",", &save)) out[n++] = t;
-    return n;
+    for (char *t = s;; t++) {
+        char *comma = strchr(t, ',');
+        if (comma) *comma = '\0';
+        if (!*t || n == max) return -1;
+        out[n++] = t;
+        if (!comma) return n;
+        t = comma;
+    }
+}
+
+/* A copy of an option's list to split; false when it does not fit (never cut short). */
+static bool copy_list(char *buf, size_t size, const char *s)
+{
+    return (size_t)snprintf(buf, size, "%s", s) < size;
 }
 
 static bool parse_int_list(const char *s, int64_t *out, int *n)
 {
     char buf[512];
-    snprintf(buf, sizeof buf, "%s", s);
     const char *items[MAX_LIST];
-    int c = split_list(buf, items, MAX_LIST);
+    const int c = copy_list(buf, sizeof buf, s) ? split_list(buf, items, MAX_LIST) : -1;
     for (int i = 0; i < c; i++) {
         char *end;
         errno = 0;
@@ -79,16 +92,16 @@ static bool parse_int_list(const char *s, int64_t *out, int *n)
         if (errno || *end || v <= 0) return false;
         out[i] = v;
     }
+    if (c <= 0) return false;
     *n = c;
-    return c > 0;
+    return true;
 }
 
 static bool parse_shapes(const char *s, bench_opts *o)
 {
     char buf[512];
-    snprintf(buf, sizeof buf, "%s", s);
     const char *items[MAX_LIST];
-    int c = split_list(buf, items, MAX_LIST);
+    const int c = copy_list(buf, sizeof buf, s) ? split_list(buf, items, MAX_LIST) : -1;
     for (int i = 0; i < c; i++) {
         long long n, k;
         char tail;
@@ -96,8 +109,9 @@ static bool parse_shapes(const char *s, bench_opts *o)
         o->nk[i][0] = n;
         o->nk[i][1] = k;
     }
+    if (c <= 0) return false;
     o->num_nk = c;
-    return c > 0;
+    return true;
 }
 
 static int cmp_double(const void *a, const void *b)
@@ -333,7 +347,8 @@ int cmd_bench(int argc, char **argv)
             usage(stdout);
             return FP4D_EXIT_OK;
         } else if (!strcmp(a, "--backend") && v) {
-            snprintf(backend_buf, sizeof backend_buf, "%s", v);
+            if (!copy_list(backend_buf, sizeof backend_buf, v))
+                return cli_fail(FP4D_EXIT_USAGE, cmd, "--backend: list too long");
             backends_given = true;
             i++;
         } else if (!strcmp(a, "--device") && v) {
@@ -349,17 +364,22 @@ int cmd_bench(int argc, char **argv)
             o.json_path = v;
             i++;
         } else if (!strcmp(a, "--shapes") && v) {
-            if (!parse_shapes(v, &o)) return cli_fail(FP4D_EXIT_USAGE, cmd, "--shapes takes NxK,... with K a multiple of 32");
+            if (!parse_shapes(v, &o))
+                return cli_fail(FP4D_EXIT_USAGE, cmd, "--shapes takes up to %d of NxK,... with K a multiple of 32", MAX_LIST);
             i++;
         } else if (!strcmp(a, "--m") && v) {
-            if (!parse_int_list(v, o.ms, &o.num_ms)) return cli_fail(FP4D_EXIT_USAGE, cmd, "--m takes positive integers");
+            if (!parse_int_list(v, o.ms, &o.num_ms))
+                return cli_fail(FP4D_EXIT_USAGE, cmd, "--m takes up to %d comma-separated positive integers", MAX_LIST);
             i++;
         } else if (!strcmp(a, "--tokens") && v) {
-            if (!parse_int_list(v, o.tokens, &o.num_tokens)) return cli_fail(FP4D_EXIT_USAGE, cmd, "--tokens takes positive integers");
+            if (!parse_int_list(v, o.tokens, &o.num_tokens))
+                return cli_fail(FP4D_EXIT_USAGE, cmd, "--tokens takes up to %d comma-separated positive integers", MAX_LIST);
             i++;
         } else if (!strcmp(a, "--repeats") && v) {
-            o.repeats = atoi(v);
-            if (o.repeats < 1 || o.repeats > 10000) return cli_fail(FP4D_EXIT_USAGE, cmd, "--repeats takes 1..10000");
+            char *end;
+            const long r = strtol(v, &end, 10);
+            if (end == v || *end || r < 1 || r > 10000) return cli_fail(FP4D_EXIT_USAGE, cmd, "--repeats takes 1..10000");
+            o.repeats = (int)r;
             i++;
         } else if (!strcmp(a, "--no-moe")) {
             o.moe = false;
@@ -386,6 +406,8 @@ int cmd_bench(int argc, char **argv)
     fp4d_cuda_query(&ci);
     if (!backends_given) snprintf(backend_buf, sizeof backend_buf, "%s", ci.device_count > 0 ? "cuda,cublas-bf16" : "cpu");
     o.num_backends = split_list(backend_buf, o.backends, MAX_LIST);
+    if (o.num_backends < 0)
+        return cli_fail(FP4D_EXIT_USAGE, cmd, "--backend takes up to %d comma-separated backend names", MAX_LIST);
     for (int b = 0; b < o.num_backends; b++)
         if (!fp4d_registry_find(o.backends[b])) return cli_fail(FP4D_EXIT_USAGE, cmd, "unknown backend '%s' (see fp4doctor backends)", o.backends[b]);
     if (!backends_given && ci.device_count == 0) {

@@ -468,6 +468,19 @@ static void test_bench_host_backends(void **state)
     /* an unknown backend is a usage error, before anything is timed */
     assert_int_equal(run_cli("bench --backend ref,nope --shapes 64x64 --m 1"), 2);
     assert_true(output_contains("stderr.txt", "nope"));
+    /* so are lists with an empty item or more items than it takes (they were dropped or cut
+     * short), and a repeat count with trailing junk */
+    assert_int_equal(run_cli("bench --backend ref --shapes 64x64 --m 1,,2"), 2);
+    assert_true(output_contains("stderr.txt", "--m"));
+    assert_one_line_error();
+    assert_int_equal(run_cli("bench --backend ref, --shapes 64x64 --m 1"), 2);
+    assert_int_equal(run_cli("bench --backend ref --shapes 64x64, --m 1"), 2);
+    assert_int_equal(run_cli("bench --backend ref --shapes 64x64 --m 1 --tokens "
+                             "1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20,21,22,23,24,25,26,27,28,29,30,31,32,33"),
+                     2);
+    assert_true(output_contains("stderr.txt", "--tokens"));
+    assert_int_equal(run_cli("bench --backend ref --shapes 64x64 --m 1 --repeats 5x"), 2);
+    assert_true(output_contains("stderr.txt", "--repeats"));
 }
 
 /* Files in dir whose names start with `prefix` (leftover temporary reports). */
