@@ -93,12 +93,19 @@ static void forget_pending(pending_output *p)
 FILE *cli_open_output(const char *cmd, const char *path)
 {
     if (!strcmp(path, "-")) return stdout;
-    pending_output *slot = find_pending(NULL);
     struct stat st; /* lstat: a symbolic link is written through, in place, not replaced */
     const bool exists = lstat(path, &st) == 0;
-    char *tmp = NULL;
+    /* a report the user made read-only stays so, as it did when it was opened in place */
+    if (exists && access(path, W_OK) != 0) {
+        cli_fail(FP4D_EXIT_INPUT, cmd, "cannot write '%s': %s", path, strerror(errno));
+        return NULL;
+    }
+    pending_output *slot = find_pending(NULL);
+    char *tmp = NULL, *final_path = slot ? strdup(path) : NULL;
     int fd = -1;
-    if (slot && (!exists || S_ISREG(st.st_mode))) {
+    /* beside a regular file of one link, or a new one; else - or where no temporary file can be
+     * made (a directory we may not write, a name at the length limit) - in place, as before */
+    if (final_path && (!exists || (S_ISREG(st.st_mode) && st.st_nlink == 1))) {
         const size_t n = strlen(path) + sizeof ".tmp-XXXXXX";
         tmp = malloc(n);
         if (tmp) {
@@ -106,14 +113,8 @@ FILE *cli_open_output(const char *cmd, const char *path)
             fd = mkstemp(tmp);
         }
         if (fd < 0) {
-            const int err = errno;
             free(tmp);
             tmp = NULL;
-            /* no room for a temporary file next to it: write in place if that is allowed */
-            if (!exists || access(path, W_OK) != 0) {
-                cli_fail(FP4D_EXIT_INPUT, cmd, "cannot write '%s': %s", path, strerror(err));
-                return NULL;
-            }
         } else {
             const mode_t mask = umask(0);
             umask(mask);
@@ -128,13 +129,14 @@ FILE *cli_open_output(const char *cmd, const char *path)
             unlink(tmp);
         }
         free(tmp);
+        free(final_path);
         cli_fail(FP4D_EXIT_INPUT, cmd, "cannot write '%s': %s", path, strerror(err));
         return NULL;
     }
-    if (slot) {
+    if (final_path) {
         slot->f = f;
         slot->tmp = tmp;
-        slot->path = strdup(path);
+        slot->path = final_path;
         snprintf(slot->cmd, sizeof slot->cmd, "%s", cmd);
     }
     return f;
@@ -143,16 +145,16 @@ FILE *cli_open_output(const char *cmd, const char *path)
 int cli_close_output(FILE *f)
 {
     if (!f) return FP4D_EXIT_OK;
-    if (f == stdout) return fflush(f) == 0 ? FP4D_EXIT_OK : FP4D_EXIT_INPUT;
-    pending_output *p = find_pending(f);
+    pending_output *p = f == stdout ? NULL : find_pending(f);
+    errno = 0;
     bool ok = fflush(f) == 0 && !ferror(f);
     int err = ok ? 0 : (errno ? errno : EIO);
-    if (fclose(f) != 0 && ok) ok = false, err = errno;
+    if (f != stdout && fclose(f) != 0 && ok) ok = false, err = errno;
     if (ok && p && p->tmp && rename(p->tmp, p->path) != 0) ok = false, err = errno;
     if (!ok && p && p->tmp) unlink(p->tmp);
-    const int rc = ok ? FP4D_EXIT_OK
-                      : cli_fail(FP4D_EXIT_INPUT, p ? p->cmd : "report", "cannot write '%s': %s", p ? p->path : "output",
-                                 strerror(err));
+    const char *what = f == stdout ? "standard output" : p ? p->path : "a report";
+    const int rc = ok ? FP4D_EXIT_OK : cli_fail(FP4D_EXIT_INPUT, p ? p->cmd : "report", "cannot write %s%s%s: %s",
+                                                p ? "'" : "", what, p ? "'" : "", strerror(err));
     if (p) forget_pending(p);
     return rc;
 }

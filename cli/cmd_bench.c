@@ -28,6 +28,7 @@
 #endif
 
 #define MAX_LIST 32
+#define LIST_BYTES 4096 /* room for MAX_LIST items of up to 127 characters */
 
 typedef struct bench_opts {
     const char *backends[MAX_LIST];
@@ -82,7 +83,7 @@ static bool copy_list(char *buf, size_t size, const char *s)
 
 static bool parse_int_list(const char *s, int64_t *out, int *n)
 {
-    char buf[512];
+    char buf[LIST_BYTES];
     const char *items[MAX_LIST];
     const int c = copy_list(buf, sizeof buf, s) ? split_list(buf, items, MAX_LIST) : -1;
     for (int i = 0; i < c; i++) {
@@ -99,7 +100,7 @@ static bool parse_int_list(const char *s, int64_t *out, int *n)
 
 static bool parse_shapes(const char *s, bench_opts *o)
 {
-    char buf[512];
+    char buf[LIST_BYTES];
     const char *items[MAX_LIST];
     const int c = copy_list(buf, sizeof buf, s) ? split_list(buf, items, MAX_LIST) : -1;
     for (int i = 0; i < c; i++) {
@@ -335,7 +336,7 @@ int cmd_bench(int argc, char **argv)
 {
     const char *cmd = argv[0];
     bench_opts o = {.repeats = 20, .device = 0, .moe = true, .quantize = true, .dense = true};
-    char backend_buf[512] = "";
+    char backend_buf[LIST_BYTES] = "";
     bool quick = false, backends_given = false;
     parse_shapes("4096x4096,14336x4096,4096x14336,7168x18432", &o);
     parse_int_list("1,4,16,64,128,1024,8192", o.ms, &o.num_ms);
@@ -556,6 +557,6 @@ int cmd_bench(int argc, char **argv)
         json_decref(extra);
     }
     free(rs.v);
-    if (!written) return FP4D_EXIT_INPUT;
-    return failures ? FP4D_EXIT_FAILED : FP4D_EXIT_OK;
+    /* as in the other commands: a report that could not be written fails a run that passed */
+    return failures ? FP4D_EXIT_FAILED : written ? FP4D_EXIT_OK : FP4D_EXIT_INPUT;
 }

@@ -313,13 +313,15 @@ int cmd_probe(int argc, char **argv)
     int rc = fp4d_probe_exit_code(r);
     if (json_out) {
         char *doc = fp4d_probe_report_json(r);
-        if (!doc) rc = cli_fail(FP4D_EXIT_INTERNAL, cmd, "out of memory writing the JSON report");
-        else {
+        if (!doc) {
+            cli_discard_output(json_out); /* a previous report stays as it was */
+            rc = cli_fail(FP4D_EXIT_INTERNAL, cmd, "out of memory writing the JSON report");
+        } else {
             fputs(doc, json_out);
             fputc('\n', json_out);
             free(doc);
+            if (cli_close_output(json_out) != FP4D_EXIT_OK && rc == FP4D_EXIT_OK) rc = FP4D_EXIT_INPUT;
         }
-        if (cli_close_output(json_out) != FP4D_EXIT_OK && rc == FP4D_EXIT_OK) rc = FP4D_EXIT_INPUT;
     }
     fp4d_probe_report_free(r);
     return rc;

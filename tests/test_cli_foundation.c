@@ -542,6 +542,19 @@ static void test_report_replaced_only_when_complete(void **state)
     struct stat st;
     assert_int_equal(stat(fresh, &st), 0);
     assert_int_equal(st.st_mode & 0777, 0644);
+
+    /* a report that cannot be written completely is an error with a message, even on stdout */
+    if (access("/dev/full", W_OK) == 0) {
+        char cmd[1024];
+        snprintf(cmd, sizeof cmd,
+                 "'%s' bench --backend ref --shapes 32x64 --m 1 --no-moe --no-quantize --repeats 1 --json - "
+                 ">/dev/full 2>'%s'",
+                 bin, path_of("stderr.txt"));
+        const int rc = system(cmd);
+        assert_true(WIFEXITED(rc));
+        assert_int_equal(WEXITSTATUS(rc), 3);
+        assert_true(output_contains("stderr.txt", "cannot write standard output"));
+    }
 }
 
 int main(void)
