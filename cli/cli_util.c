@@ -70,11 +70,12 @@ int cli_parse_help_only(int argc, char **argv, void (*usage)(FILE *))
  * the link, not the file it names). */
 typedef struct pending_output {
     FILE *f;
-    char *tmp;  /* NULL: written in place (stdout, a device or pipe, a directory we may not write) */
+    char *tmp;  /* NULL: written in place (a device, pipe or link, a directory we may not write) */
     char *path;
     char  cmd[32];
 } pending_output;
 static pending_output pending[8];
+static char stdout_cmd[32] = "report"; /* the command that last opened "-", for its messages */
 
 static pending_output *find_pending(FILE *f)
 {
@@ -92,7 +93,10 @@ static void forget_pending(pending_output *p)
 
 FILE *cli_open_output(const char *cmd, const char *path)
 {
-    if (!strcmp(path, "-")) return stdout;
+    if (!strcmp(path, "-")) {
+        snprintf(stdout_cmd, sizeof stdout_cmd, "%s", cmd);
+        return stdout;
+    }
     struct stat st; /* lstat: a symbolic link is written through, in place, not replaced */
     const bool exists = lstat(path, &st) == 0;
     /* a report the user made read-only stays so, as it did when it was opened in place */
@@ -152,9 +156,10 @@ int cli_close_output(FILE *f)
     if (f != stdout && fclose(f) != 0 && ok) ok = false, err = errno;
     if (ok && p && p->tmp && rename(p->tmp, p->path) != 0) ok = false, err = errno;
     if (!ok && p && p->tmp) unlink(p->tmp);
-    const char *what = f == stdout ? "standard output" : p ? p->path : "a report";
-    const int rc = ok ? FP4D_EXIT_OK : cli_fail(FP4D_EXIT_INPUT, p ? p->cmd : "report", "cannot write %s%s%s: %s",
-                                                p ? "'" : "", what, p ? "'" : "", strerror(err));
+    int rc = FP4D_EXIT_OK;
+    if (!ok && p) rc = cli_fail(FP4D_EXIT_INPUT, p->cmd, "cannot write '%s': %s", p->path, strerror(err));
+    else if (!ok) rc = cli_fail(FP4D_EXIT_INPUT, stdout_cmd, "cannot write %s: %s", f == stdout ? "standard output" : "a report",
+                                strerror(err));
     if (p) forget_pending(p);
     return rc;
 }
