@@ -46,8 +46,9 @@ bool cli_split_tensor_spec(const char *spec, char **path, char **name);
  * --help, FP4D_EXIT_USAGE after a one-line error naming an unknown option. */
 int cli_parse_help_only(int argc, char **argv, void (*usage)(FILE *));
 
-/* Report files of --json FILE|- style options. cli_open_output: "-" is stdout; a regular or
- * new file is written to a temporary file beside it, NULL on failure (message printed).
+/* Report files of --json FILE|- style options. cli_open_output: "-" is stdout; a new file or a
+ * plain one (one link) is written to a temporary file beside it, anything else in place (see
+ * cli_util.c); NULL on failure (message printed).
  * cli_close_output puts the report in place (renames it over FILE) and returns FP4D_EXIT_OK or,
  * after a message, FP4D_EXIT_INPUT; cli_discard_output drops it and leaves a previous FILE as it
  * was - for runs that fail before their report is complete. */
