@@ -13,6 +13,7 @@
 #include <errno.h>
 #include <jansson.h>
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,6 +29,7 @@
 #endif
 
 #define MAX_LIST 32
+#define MAX_ROUNDS 16
 #define LIST_BYTES 4096 /* room for MAX_LIST items of up to 127 characters */
 
 typedef struct bench_opts {
@@ -40,6 +42,7 @@ typedef struct bench_opts {
     int64_t     tokens[MAX_LIST];
     int         num_tokens;
     int         repeats;
+    int         rounds;       /* the repeats split into this many rounds, backends alternating */
     int         device;       /* -1 = all */
     bool        moe, quantize, dense;
     const char *json_path;
@@ -50,14 +53,18 @@ static void usage(FILE *f)
     fprintf(f,
             "usage: fp4doctor bench [--backend LIST] [--device N|all] [--json FILE|-]\n"
             "                       [--shapes NxK,...] [--m LIST] [--tokens LIST] [--repeats R]\n"
-            "                       [--no-dense] [--no-moe] [--no-quantize] [--quick]\n\n"
+            "                       [--rounds N] [--no-dense] [--no-moe] [--no-quantize] [--quick]\n\n"
             "Times FP4 GEMM backends on N x K weight shapes for each M (W4A16: bf16 activations,\n"
             "W4A4: NVFP4 activations, NVFP4 weights with swizzled scales, bf16 output), a grouped\n"
             "MoE GEMM (128 experts of 2048 x 7168, top-8 routing, --tokens tokens), and the cuda\n"
             "quantize kernel (bf16 -> NVFP4 swizzled) against device copy bandwidth.\n"
-            "Ratios are against cublas-bf16 measured in the same run.\n\n"
+            "Ratios are against cublas-bf16 measured in the same run: each configuration's repeats\n"
+            "are split into --rounds rounds, the backends taking turns (forward, then backward), and\n"
+            "a backend's figure is the median of its rounds' medians (--rounds 1: one backend's\n"
+            "repeats all at once, then the next backend's; at most R rounds).\n\n"
             "defaults: --backend cuda,cublas-bf16 --shapes 4096x4096,14336x4096,4096x14336,7168x18432\n"
-            "          --m 1,4,16,64,128,1024,8192 --tokens 1,4,16,64,256,1024,4096 --repeats 20\n");
+            "          --m 1,4,16,64,128,1024,8192 --tokens 1,4,16,64,256,1024,4096 --repeats 20\n"
+            "          --rounds 4\n");
 }
 
 /* Splits a comma-separated list in place: the number of items, or -1 for an empty item
@@ -168,8 +175,11 @@ typedef struct row {
     int64_t m, n, k, experts, tokens;
     double  us, min_us, tflops, gbps;
     double  speedup; /* NAN when there is no anchor */
-    int     order;   /* position in measurement order (rows are reported grouped by backend) */
+    int     order;   /* position in the order of measurement, within a configuration that of its first
+                        round (rows are reported grouped by backend) */
     char    status[320];
+    double  round_us[MAX_ROUNDS], round_min_us[MAX_ROUNDS]; /* each round's median and minimum */
+    int     rounds;
 } row;
 
 typedef struct rows {
@@ -215,40 +225,86 @@ static int64_t experts_touched(int64_t tokens, int experts)
     return n;
 }
 
-static void run_one(const fp4d_backend_iface *it, void *ctx, const char *name, int device, const char *mode,
-                    const fp4d_gemm_desc *d, int64_t tokens, int repeats, rows *out)
+/* A row for one backend on configuration d: its status stays "" while it is being timed. */
+static row *start_row(const fp4d_backend_iface *it, void *ctx, int device, const char *mode, const fp4d_gemm_desc *d,
+                      int64_t tokens, rows *out)
 {
     row *r = add_row(out);
-    if (!r) return;
-    snprintf(r->backend, sizeof r->backend, "%s", name);
+    if (!r) return NULL;
+    snprintf(r->backend, sizeof r->backend, "%s", it->name);
     snprintf(r->mode, sizeof r->mode, "%s", mode);
     r->device = device;
     r->m = d->m, r->n = d->n, r->k = d->k, r->experts = d->num_experts, r->tokens = tokens;
     fp4d_reason why = {{0}};
-    if (!it->supports(ctx, d, &why)) {
-        snprintf(r->status, sizeof r->status, "UNSUPPORTED: %s", why.text);
-        return;
-    }
-    fp4d_bench_result res = {0};
-    fp4d_status st;
-    if (it->bench) {
-        st = it->bench(ctx, d, repeats, &res);
-    } else if (d->num_experts == 0 && (double)d->m * (double)d->n * (double)d->k <= 4e9) {
-        st = host_time(it, ctx, d, repeats < 5 ? repeats : 5, &res);
-    } else {
+    if (!it->supports(ctx, d, &why)) snprintf(r->status, sizeof r->status, "UNSUPPORTED: %s", why.text);
+    else if (!it->bench && (d->num_experts != 0 || (double)d->m * (double)d->n * (double)d->k > 4e9))
         snprintf(r->status, sizeof r->status, "SKIPPED: no device timing and too large for host timing");
-        return;
-    }
+    return r;
+}
+
+/* One round of repeats for a row still being timed; an error ends the row's timing. */
+static void time_round(const fp4d_backend_iface *it, void *ctx, const fp4d_gemm_desc *d, int repeats, row *r)
+{
+    if (r->status[0] || r->rounds == MAX_ROUNDS) return;
+    fp4d_bench_result res = {0};
+    const fp4d_status st = it->bench ? it->bench(ctx, d, repeats, &res) : host_time(it, ctx, d, repeats, &res);
     if (st != FP4D_STATUS_OK) {
         snprintf(r->status, sizeof r->status, "ERROR: %s: %s", fp4d_status_name(st), fp4d_last_error());
         return;
     }
+    r->round_us[r->rounds] = res.median_us;
+    r->round_min_us[r->rounds] = res.min_us;
+    r->rounds++;
+}
+
+/* The row's figures from its rounds: the median of the rounds' medians, the least minimum. */
+static void finish_row(const fp4d_gemm_desc *d, row *r)
+{
+    if (r->status[0]) return;
+    double t[MAX_ROUNDS];
+    memcpy(t, r->round_us, (size_t)r->rounds * sizeof *t);
+    qsort(t, (size_t)r->rounds, sizeof *t, cmp_double);
+    const int n = r->rounds;
+    r->us = n % 2 ? t[n / 2] : 0.5 * (t[n / 2 - 1] + t[n / 2]);
+    r->min_us = r->round_min_us[0];
+    for (int i = 1; i < n; i++)
+        if (r->round_min_us[i] < r->min_us) r->min_us = r->round_min_us[i];
     snprintf(r->status, sizeof r->status, "OK");
-    r->us = res.median_us;
-    r->min_us = res.min_us;
-    r->tflops = 2.0 * (double)d->m * (double)d->n * (double)d->k / (res.median_us * 1e-6) / 1e12;
-    const int64_t touched = d->num_experts ? experts_touched(tokens, (int)d->num_experts) : 0;
-    r->gbps = weight_bytes(name, d, touched) / (res.median_us * 1e-6) / 1e9;
+    r->tflops = 2.0 * (double)d->m * (double)d->n * (double)d->k / (r->us * 1e-6) / 1e12;
+    const int64_t touched = d->num_experts ? experts_touched(r->tokens, (int)d->num_experts) : 0;
+    r->gbps = weight_bytes(r->backend, d, touched) / (r->us * 1e-6) / 1e9;
+}
+
+/*
+ * Times configuration d on every backend: `rounds` rounds (at most `repeats`) of repeats /
+ * rounds each, the backends taking turns, forward in even rounds and backward in odd ones. A power-
+ * capped GPU changes its clocks over tenths of a second: on an H200 the same W4A4 GEMM at
+ * M = 8192 ran 14% slower when its 20 batches happened to fall in a clock dip (kernel by kernel,
+ * all three of its kernels 12-14% slower), and cublas-bf16's likewise in other runs, so timed
+ * whole one after the other the two sides of a ratio could see different clocks. In turns,
+ * both sample the same stretch of time.
+ */
+static void bench_config(const fp4d_backend_iface *const *its, void *const *ctxs, int num_backends, int device,
+                         const char *mode, const fp4d_gemm_desc *d, int64_t tokens, int repeats, int rounds, rows *out)
+{
+    /* rows by index: adding one may move them all */
+    size_t at[MAX_LIST];
+    for (int b = 0; b < num_backends; b++)
+        at[b] = its[b] && start_row(its[b], ctxs[b], device, mode, d, tokens, out) ? out->n - 1 : SIZE_MAX;
+    if (rounds > repeats) rounds = repeats; /* each round at least one repeat */
+    if (rounds > MAX_ROUNDS) rounds = MAX_ROUNDS;
+    const int per_round = repeats / rounds;
+    /* host timing (seconds per call on large shapes) keeps to about 5 calls in all */
+    const int host_repeats = repeats < 5 ? repeats : 5;
+    const int host_per_round = host_repeats / rounds > 0 ? host_repeats / rounds : 1;
+    for (int round = 0; round < rounds; round++)
+        for (int i = 0; i < num_backends; i++) {
+            const int b = round % 2 ? num_backends - 1 - i : i;
+            if (at[b] != SIZE_MAX)
+                time_round(its[b], ctxs[b], d, its[b]->bench ? per_round : host_per_round, &out->v[at[b]]);
+        }
+    for (int b = 0; b < num_backends; b++)
+        if (at[b] != SIZE_MAX) finish_row(d, &out->v[at[b]]);
 }
 
 static void fill_speedups(rows *rs)
@@ -326,6 +382,9 @@ static json_t *rows_json(const rows *rs)
             json_object_set_new(o, "tflops", json_real(r->tflops));
             json_object_set_new(o, "weight_gbps", json_real(r->gbps));
             json_object_set_new(o, "speedup_vs_cublas_bf16", isnan(r->speedup) ? json_null() : json_real(r->speedup));
+            json_t *rounds = json_array();
+            for (int k = 0; k < r->rounds; k++) json_array_append_new(rounds, json_real(r->round_us[k]));
+            json_object_set_new(o, "round_median_us", rounds);
         }
         json_array_append_new(a, o);
     }
@@ -335,7 +394,7 @@ static json_t *rows_json(const rows *rs)
 int cmd_bench(int argc, char **argv)
 {
     const char *cmd = argv[0];
-    bench_opts o = {.repeats = 20, .device = 0, .moe = true, .quantize = true, .dense = true};
+    bench_opts o = {.repeats = 20, .rounds = 4, .device = 0, .moe = true, .quantize = true, .dense = true};
     char backend_buf[LIST_BYTES] = "";
     bool quick = false, backends_given = false;
     parse_shapes("4096x4096,14336x4096,4096x14336,7168x18432", &o);
@@ -381,6 +440,13 @@ int cmd_bench(int argc, char **argv)
             const long r = strtol(v, &end, 10);
             if (end == v || *end || r < 1 || r > 10000) return cli_fail(FP4D_EXIT_USAGE, cmd, "--repeats takes 1..10000");
             o.repeats = (int)r;
+            i++;
+        } else if (!strcmp(a, "--rounds") && v) {
+            char *end;
+            const long r = strtol(v, &end, 10);
+            if (end == v || *end || r < 1 || r > MAX_ROUNDS)
+                return cli_fail(FP4D_EXIT_USAGE, cmd, "--rounds takes 1..%d", MAX_ROUNDS);
+            o.rounds = (int)r;
             i++;
         } else if (!strcmp(a, "--no-moe")) {
             o.moe = false;
@@ -464,14 +530,13 @@ int cmd_bench(int argc, char **argv)
                     fp4d_gemm_desc d = {o.ms[mi], o.nk[s][0], o.nk[s][1],
                                         mode ? FP4D_DTYPE_NVFP4 : FP4D_DTYPE_BF16, FP4D_DTYPE_NVFP4, FP4D_DTYPE_BF16,
                                         FP4D_LAYOUT_SWIZZLED_128X4, FP4D_LAYOUT_SWIZZLED_128X4, 0};
-                    for (int b = 0; b < o.num_backends; b++)
-                        if (its[b]) run_one(its[b], ctxs[b], its[b]->name, dev, mode ? "W4A4" : "W4A16", &d, 0, o.repeats, &rs);
+                    bench_config(its, ctxs, o.num_backends, dev, mode ? "W4A4" : "W4A16", &d, 0, o.repeats, o.rounds, &rs);
                 }
         for (int ti = 0; o.moe && ti < o.num_tokens; ti++) {
             fp4d_gemm_desc d = {o.tokens[ti] * 8, 2048, 7168, FP4D_DTYPE_BF16, FP4D_DTYPE_NVFP4, FP4D_DTYPE_BF16,
                                 FP4D_LAYOUT_SWIZZLED_128X4, FP4D_LAYOUT_SWIZZLED_128X4, 128};
-            for (int b = 0; b < o.num_backends; b++)
-                if (its[b]) run_one(its[b], ctxs[b], its[b]->name, dev, "MoE", &d, o.tokens[ti], o.repeats < 10 ? o.repeats : 10, &rs);
+            bench_config(its, ctxs, o.num_backends, dev, "MoE", &d, o.tokens[ti], o.repeats < 10 ? o.repeats : 10, o.rounds,
+                         &rs);
         }
         for (int b = 0; b < o.num_backends; b++)
             if (its[b]) its[b]->free(ctxs[b]);

@@ -429,6 +429,28 @@ static void test_bad_input_exit_codes(void **state)
     }
 }
 
+/* A bench row's round medians: `rounds` of them, median_us their median, min_us at most any. */
+static void assert_round_medians(const json_t *r, size_t rounds)
+{
+    const json_t *a = json_object_get(r, "round_median_us");
+    assert_true(json_is_array(a));
+    assert_int_equal(json_array_size(a), rounds);
+    double v[16];
+    assert_true(rounds <= 16);
+    for (size_t i = 0; i < rounds; i++) {
+        v[i] = json_real_value(json_array_get(a, i));
+        assert_true(v[i] > 0.0);
+        for (size_t j = i; j > 0 && v[j - 1] > v[j]; j--) {
+            const double t = v[j];
+            v[j] = v[j - 1];
+            v[j - 1] = t;
+        }
+    }
+    const double median = rounds % 2 ? v[rounds / 2] : 0.5 * (v[rounds / 2 - 1] + v[rounds / 2]);
+    assert_float_equal(json_real_value(json_object_get(r, "median_us")), median, 1e-9 * median);
+    assert_true(json_real_value(json_object_get(r, "min_us")) <= v[0]);
+}
+
 /* bench times every configuration on all backends in turn (measured_order: the two backends'
  * rows of one configuration are adjacent), and reports the rows one backend after the other,
  * in the order asked for, each backend's rows in configuration order. */
@@ -463,8 +485,36 @@ static void test_bench_host_backends(void **state)
                     assert_true(json_real_value(json_object_get(r, "median_us")) > 0.0);
                     const int64_t config = (s * 2 + m) * 2 + mode;
                     assert_int_equal(json_integer_value(json_object_get(r, "measured_order")), config * 2 + b);
+                    /* two repeats: two rounds of one (never more rounds than repeats), the
+                     * figure their median, the minimum no larger than either */
+                    assert_round_medians(r, 2);
                 }
     json_decref(root);
+    /* --rounds 1: the whole repeat count at once; --rounds 3 of 7 repeats: three rounds */
+    assert_int_equal(run_cli("bench --backend cpu --shapes 64x64 --m 1 --no-moe --no-quantize --repeats 3 --rounds 1 "
+                             "--json '%s'",
+                             path_of("bench.json")),
+                     0);
+    root = json_load_file(path_of("bench.json"), 0, &err);
+    assert_non_null(root);
+    res = json_object_get(root, "results");
+    assert_int_equal(json_array_size(res), 2);
+    for (size_t j = 0; j < 2; j++) assert_round_medians(json_array_get(res, j), 1);
+    json_decref(root);
+    assert_int_equal(run_cli("bench --backend ref,cpu --shapes 64x64 --m 1 --no-moe --no-quantize --repeats 7 --rounds 3 "
+                             "--json '%s'",
+                             path_of("bench.json")),
+                     0);
+    root = json_load_file(path_of("bench.json"), 0, &err);
+    assert_non_null(root);
+    res = json_object_get(root, "results");
+    assert_int_equal(json_array_size(res), 4);
+    for (size_t j = 0; j < 4; j++) assert_round_medians(json_array_get(res, j), 3);
+    json_decref(root);
+    assert_int_equal(run_cli("bench --backend ref --shapes 64x64 --m 1 --rounds 0"), 2);
+    assert_true(output_contains("stderr.txt", "--rounds"));
+    assert_int_equal(run_cli("bench --backend ref --shapes 64x64 --m 1 --rounds 17"), 2);
+    assert_int_equal(run_cli("bench --backend ref --shapes 64x64 --m 1 --rounds 2x"), 2);
     /* an unknown backend is a usage error, before anything is timed */
     assert_int_equal(run_cli("bench --backend ref,nope --shapes 64x64 --m 1"), 2);
     assert_true(output_contains("stderr.txt", "nope"));
