@@ -814,6 +814,7 @@ fp4d_status fp4d_cuda_bench_copy(int device, size_t bytes, int repeats, fp4d_ben
 typedef struct read_bench_state {
     cuda_ctx *c;
     size_t    bytes, stride;
+    bool      dependent;
 } read_bench_state;
 
 static fp4d_status read_prepare(void *state, int *copies)
@@ -830,14 +831,14 @@ static fp4d_status read_call(void *state, int copy)
 {
     read_bench_state *s = state;
     FP4D_CUDA_TRY(fp4d_cuda_read_stream((const uint8_t *)s->c->b.ptr + (size_t)copy * s->stride, s->bytes,
-                                        (uint32_t *)s->c->counters.ptr, s->c->sm_count, s->c->stream),
+                                        s->dependent, (uint32_t *)s->c->counters.ptr, s->c->sm_count, s->c->stream),
                   "cuda: read");
     return FP4D_STATUS_OK;
 }
 
-fp4d_status fp4d_cuda_bench_read(int device, size_t bytes, int repeats, fp4d_bench_result *out)
+fp4d_status fp4d_cuda_bench_read(int device, size_t bytes, bool dependent, int repeats, fp4d_bench_result *out)
 {
-    read_bench_state s = {NULL, bytes & ~(size_t)15, align_up(bytes, 256)};
+    read_bench_state s = {NULL, bytes & ~(size_t)15, align_up(bytes, 256), dependent};
     return bench_in_own_context(device, &s.c, &s, read_prepare, read_call, repeats, out);
 }
 

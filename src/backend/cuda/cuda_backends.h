@@ -29,8 +29,10 @@ fp4d_status fp4d_cuda_bench_quantize(int device, fp4d_dtype src_type, int64_t ro
                                      fp4d_scale_layout layout, int repeats, fp4d_bench_result *out);
 fp4d_status fp4d_cuda_bench_copy(int device, size_t bytes, int repeats, fp4d_bench_result *out);
 /* Reading `bytes` once with a kernel that does nothing else (copies rotated past L2): the
- * floor for a GEMM that must stream that many weight bytes. */
-fp4d_status fp4d_cuda_bench_read(int device, size_t bytes, int repeats, fp4d_bench_result *out);
+ * floor for a GEMM that must stream that many weight bytes. dependent: each read waits for the
+ * one before it to complete, as a GEMM's reads wait for the kernel before it (which may have
+ * written them); otherwise consecutive reads overlap (programmatic dependent launch). */
+fp4d_status fp4d_cuda_bench_read(int device, size_t bytes, bool dependent, int repeats, fp4d_bench_result *out);
 
 #ifdef __cplusplus
 }

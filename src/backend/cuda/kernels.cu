@@ -4195,13 +4195,18 @@ extern "C" int fp4d_cuda_amax(int src_type, const void *src, size_t count, float
 
 /* Reads `n16` 16-byte words once, as the weight-streaming kernels do (non-coherent, no L1
  * allocation), and does nothing with them but a fold that the compiler cannot drop: the
- * least time any kernel that must read those bytes takes, for `fp4doctor bench`. */
+ * least time any kernel that must read those bytes takes, for `fp4doctor bench`.
+ * DEPENDENT: the reads wait for the kernel before it (pdl_wait first), as a GEMM's must,
+ * since that kernel may have written them; otherwise they start while it drains. */
+template <bool DEPENDENT>
 __global__ void __launch_bounds__(256) read_stream_kernel(const uint4 *__restrict__ src, int64_t n16,
                                                           uint32_t *__restrict__ sink)
 {
-    /* with programmatic dependent launch (like the decode kernels) the next read starts while
-     * this one drains: the bytes are never written by these kernels */
+    /* with programmatic dependent launch (like the decode kernels) the next read may launch
+     * while this one drains; without DEPENDENT it reads at once: the bytes are never written
+     * by these kernels */
     pdl_trigger();
+    if (DEPENDENT) pdl_wait();
     uint32_t x = 0;
     const int64_t step = (int64_t)gridDim.x * blockDim.x;
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -4214,19 +4219,20 @@ __global__ void __launch_bounds__(256) read_stream_kernel(const uint4 *__restric
         const uint4 a = load_stream_16(src + i);
         x ^= a.x + a.y + a.z + a.w;
     }
-    pdl_wait();
+    if (!DEPENDENT) pdl_wait();
     if (x == 0x9E3779B9u) *sink = x; /* practically never: keeps the loads */
 }
 
-extern "C" int fp4d_cuda_read_stream(const void *src, size_t bytes, uint32_t *sink, int sm_count, void *stream)
+extern "C" int fp4d_cuda_read_stream(const void *src, size_t bytes, int dependent, uint32_t *sink, int sm_count,
+                                     void *stream)
 {
     if ((uintptr_t)src % 16 != 0 || bytes % 16 != 0) return (int)cudaErrorInvalidValue;
     const int64_t n16 = (int64_t)(bytes / 16);
     if (n16 == 0) return cudaSuccess;
     int64_t blocks = (int64_t)(sm_count > 0 ? sm_count : 132) * 8, need = (n16 + 255) / 256;
     if (blocks > need) blocks = need;
-    return (int)launch_pdl(read_stream_kernel, dim3((unsigned)blocks), dim3(256), 0, (cudaStream_t)stream,
-                           (const uint4 *)src, n16, sink);
+    return (int)launch_pdl(dependent ? read_stream_kernel<true> : read_stream_kernel<false>, dim3((unsigned)blocks),
+                           dim3(256), 0, (cudaStream_t)stream, (const uint4 *)src, n16, sink);
 }
 
 /* ---- stream layout of weight codes (formats/stream_codes.h) ---------------------------- */

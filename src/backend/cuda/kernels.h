@@ -217,8 +217,10 @@ int fp4d_cuda_quantize_nvfp4(int src_type, const void *src, int64_t rows, int64_
                              int layout, uint8_t *codes, uint8_t *scales, void *stream);
 
 /* Reads `bytes` (a multiple of 16, 16-byte aligned) once and discards them: the floor of any
- * kernel that streams that many bytes (fp4doctor bench). `sink` is a device word it may write. */
-int fp4d_cuda_read_stream(const void *src, size_t bytes, uint32_t *sink, int sm_count, void *stream);
+ * kernel that streams that many bytes (fp4doctor bench). `sink` is a device word it may write.
+ * dependent: the reads wait for the previous kernel in the stream to complete (as a GEMM's
+ * must); otherwise, under programmatic dependent launch, they overlap its drain. */
+int fp4d_cuda_read_stream(const void *src, size_t bytes, int dependent, uint32_t *sink, int sm_count, void *stream);
 
 /* Self-check of the quantize kernels' e2m1 rounding: every f32 pattern x, as FMUL(x, s),
  * through the fast rounding and the comparison chain on the device; *mismatches counts the
