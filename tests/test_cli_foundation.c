@@ -451,6 +451,22 @@ static void assert_round_medians(const json_t *r, size_t rounds)
     assert_true(json_real_value(json_object_get(r, "min_us")) <= v[0]);
 }
 
+/* bench on 64x64 at M = 1 with these repeats and rounds: `rows` rows of `rounds` rounds each. */
+static void assert_bench_rounds(const char *backends, int repeats, int rounds, size_t rows, size_t expect_rounds)
+{
+    assert_int_equal(run_cli("bench --backend %s --shapes 64x64 --m 1 --no-moe --no-quantize --repeats %d --rounds %d "
+                             "--json '%s'",
+                             backends, repeats, rounds, path_of("bench.json")),
+                     0);
+    json_error_t err;
+    json_t *root = json_load_file(path_of("bench.json"), 0, &err);
+    assert_non_null(root);
+    json_t *res = json_object_get(root, "results");
+    assert_int_equal(json_array_size(res), rows);
+    for (size_t j = 0; j < rows; j++) assert_round_medians(json_array_get(res, j), expect_rounds);
+    json_decref(root);
+}
+
 /* bench times every configuration on all backends in turn (measured_order: the two backends'
  * rows of one configuration are adjacent), and reports the rows one backend after the other,
  * in the order asked for, each backend's rows in configuration order. */
@@ -491,26 +507,8 @@ static void test_bench_host_backends(void **state)
                 }
     json_decref(root);
     /* --rounds 1: the whole repeat count at once; --rounds 3 of 7 repeats: three rounds */
-    assert_int_equal(run_cli("bench --backend cpu --shapes 64x64 --m 1 --no-moe --no-quantize --repeats 3 --rounds 1 "
-                             "--json '%s'",
-                             path_of("bench.json")),
-                     0);
-    root = json_load_file(path_of("bench.json"), 0, &err);
-    assert_non_null(root);
-    res = json_object_get(root, "results");
-    assert_int_equal(json_array_size(res), 2);
-    for (size_t j = 0; j < 2; j++) assert_round_medians(json_array_get(res, j), 1);
-    json_decref(root);
-    assert_int_equal(run_cli("bench --backend ref,cpu --shapes 64x64 --m 1 --no-moe --no-quantize --repeats 7 --rounds 3 "
-                             "--json '%s'",
-                             path_of("bench.json")),
-                     0);
-    root = json_load_file(path_of("bench.json"), 0, &err);
-    assert_non_null(root);
-    res = json_object_get(root, "results");
-    assert_int_equal(json_array_size(res), 4);
-    for (size_t j = 0; j < 4; j++) assert_round_medians(json_array_get(res, j), 3);
-    json_decref(root);
+    assert_bench_rounds("cpu", 3, 1, 2, 1);
+    assert_bench_rounds("ref,cpu", 7, 3, 4, 3);
     assert_int_equal(run_cli("bench --backend ref --shapes 64x64 --m 1 --rounds 0"), 2);
     assert_true(output_contains("stderr.txt", "--rounds"));
     assert_int_equal(run_cli("bench --backend ref --shapes 64x64 --m 1 --rounds 17"), 2);
