@@ -10,6 +10,7 @@
  * the backend reads (packed FP4 + scales; bf16 for cublas-bf16), and speed-up over
  * cublas-bf16 (its time / this time) for the same shape.
  */
+#include <ctype.h>
 #include <errno.h>
 #include <jansson.h>
 #include <math.h>
@@ -42,7 +43,7 @@ typedef struct bench_opts {
     int64_t     tokens[MAX_LIST];
     int         num_tokens;
     int         repeats;
-    int         rounds;       /* the repeats split into this many rounds, backends alternating */
+    int         rounds;       /* the repeats shared out over this many rounds, backends taking turns */
     int         device;       /* -1 = all */
     bool        moe, quantize, dense;
     const char *json_path;
@@ -59,7 +60,7 @@ static void usage(FILE *f)
             "MoE GEMM (128 experts of 2048 x 7168, top-8 routing, --tokens tokens), and the cuda\n"
             "quantize kernel (bf16 -> NVFP4 swizzled) against device copy bandwidth.\n"
             "Ratios are against cublas-bf16 measured in the same run: each configuration's repeats\n"
-            "are split into --rounds rounds, the backends taking turns (forward, then backward), and\n"
+            "are shared out over --rounds rounds, the backends taking turns (forward, then backward), and\n"
             "a backend's figure is the median of its rounds' medians (--rounds 1: one backend's\n"
             "repeats all at once, then the next backend's; at most R rounds).\n\n"
             "defaults: --backend cuda,cublas-bf16 --shapes 4096x4096,14336x4096,4096x14336,7168x18432\n"
@@ -122,15 +123,26 @@ static bool parse_shapes(const char *s, bench_opts *o)
     return true;
 }
 
+/* s as a whole number of decimal digits only (no sign, spaces or junk), or -1. */
+static long whole_number(const char *s)
+{
+    if (!isdigit((unsigned char)s[0])) return -1;
+    char *end;
+    errno = 0;
+    const long v = strtol(s, &end, 10);
+    return *end || errno ? -1 : v;
+}
+
 static int cmp_double(const void *a, const void *b)
 {
     const double x = *(const double *)a, y = *(const double *)b;
     return x < y ? -1 : x > y;
 }
 
-/* Host-clock timing of gemm() for backends without bench(): random FP4/bf16 operands. */
+/* Host-clock timing of gemm() for backends without bench(): random FP4/bf16 operands, after one
+ * untimed call when warm_up is set. */
 static fp4d_status host_time(const fp4d_backend_iface *it, void *ctx, const fp4d_gemm_desc *d, int repeats,
-                             fp4d_bench_result *out)
+                             bool warm_up, fp4d_bench_result *out)
 {
     const fp4d_dtype_traits *at = fp4d_dtype_get(d->a_type), *bt = fp4d_dtype_get(d->b_type);
     const size_t a_bytes = fp4d_dtype_data_bytes(d->a_type, d->m, d->k), b_bytes = fp4d_dtype_data_bytes(d->b_type, d->n, d->k);
@@ -152,7 +164,7 @@ static fp4d_status host_time(const fp4d_backend_iface *it, void *ctx, const fp4d
         }
         fp4d_gemm_problem p = {{d->a_type, d->m, d->k, a, at->is_block_fp4 ? sa : NULL, d->a_layout},
                                {d->b_type, d->n, d->k, b, sb, d->b_layout}, 1.0f, d->out_type, o};
-        st = it->gemm(ctx, &p); /* warm-up */
+        if (warm_up) st = it->gemm(ctx, &p);
         for (int r = 0; st == FP4D_STATUS_OK && r < repeats; r++) {
             double t0 = 1e6 * fp4d_now_s();
             st = it->gemm(ctx, &p);
@@ -160,7 +172,7 @@ static fp4d_status host_time(const fp4d_backend_iface *it, void *ctx, const fp4d
         }
         if (st == FP4D_STATUS_OK) {
             qsort(t, (size_t)repeats, sizeof *t, cmp_double);
-            out->median_us = t[repeats / 2];
+            out->median_us = repeats % 2 ? t[repeats / 2] : 0.5 * (t[repeats / 2 - 1] + t[repeats / 2]);
             out->min_us = t[0];
             out->repeats = repeats;
         }
@@ -247,7 +259,8 @@ static void time_round(const fp4d_backend_iface *it, void *ctx, const fp4d_gemm_
 {
     if (r->status[0] || r->rounds == MAX_ROUNDS) return;
     fp4d_bench_result res = {0};
-    const fp4d_status st = it->bench ? it->bench(ctx, d, repeats, &res) : host_time(it, ctx, d, repeats, &res);
+    const fp4d_status st =
+        it->bench ? it->bench(ctx, d, repeats, &res) : host_time(it, ctx, d, repeats, r->rounds == 0, &res);
     if (st != FP4D_STATUS_OK) {
         snprintf(r->status, sizeof r->status, "ERROR: %s: %s", fp4d_status_name(st), fp4d_last_error());
         return;
@@ -293,15 +306,16 @@ static void bench_config(const fp4d_backend_iface *const *its, void *const *ctxs
         at[b] = its[b] && start_row(its[b], ctxs[b], device, mode, d, tokens, out) ? out->n - 1 : SIZE_MAX;
     if (rounds > repeats) rounds = repeats; /* each round at least one repeat */
     if (rounds > MAX_ROUNDS) rounds = MAX_ROUNDS;
-    const int per_round = repeats / rounds;
-    /* host timing (seconds per call on large shapes) keeps to about 5 calls in all */
-    const int host_repeats = repeats < 5 ? repeats : 5;
-    const int host_per_round = host_repeats / rounds > 0 ? host_repeats / rounds : 1;
+    /* host timing (seconds per call on large shapes) keeps to 5 timed calls in all, in as
+     * many of the rounds as that allows */
+    const int host_repeats = repeats < 5 ? repeats : 5, host_rounds = rounds < host_repeats ? rounds : host_repeats;
     for (int round = 0; round < rounds; round++)
         for (int i = 0; i < num_backends; i++) {
             const int b = round % 2 ? num_backends - 1 - i : i;
-            if (at[b] != SIZE_MAX)
-                time_round(its[b], ctxs[b], d, its[b]->bench ? per_round : host_per_round, &out->v[at[b]]);
+            if (at[b] == SIZE_MAX) continue;
+            /* the repeats shared out, the first rounds taking one more where they do not divide */
+            const int n = its[b]->bench ? rounds : host_rounds, total = its[b]->bench ? repeats : host_repeats;
+            if (round < n) time_round(its[b], ctxs[b], d, total / n + (round < total % n), &out->v[at[b]]);
         }
     for (int b = 0; b < num_backends; b++)
         if (at[b] != SIZE_MAX) finish_row(d, &out->v[at[b]]);
@@ -436,16 +450,13 @@ int cmd_bench(int argc, char **argv)
                 return cli_fail(FP4D_EXIT_USAGE, cmd, "--tokens takes up to %d comma-separated positive integers", MAX_LIST);
             i++;
         } else if (!strcmp(a, "--repeats") && v) {
-            char *end;
-            const long r = strtol(v, &end, 10);
-            if (end == v || *end || r < 1 || r > 10000) return cli_fail(FP4D_EXIT_USAGE, cmd, "--repeats takes 1..10000");
+            const long r = whole_number(v);
+            if (r < 1 || r > 10000) return cli_fail(FP4D_EXIT_USAGE, cmd, "--repeats takes 1..10000, not '%s'", v);
             o.repeats = (int)r;
             i++;
         } else if (!strcmp(a, "--rounds") && v) {
-            char *end;
-            const long r = strtol(v, &end, 10);
-            if (end == v || *end || r < 1 || r > MAX_ROUNDS)
-                return cli_fail(FP4D_EXIT_USAGE, cmd, "--rounds takes 1..%d", MAX_ROUNDS);
+            const long r = whole_number(v);
+            if (r < 1 || r > MAX_ROUNDS) return cli_fail(FP4D_EXIT_USAGE, cmd, "--rounds takes 1..%d, not '%s'", MAX_ROUNDS, v);
             o.rounds = (int)r;
             i++;
         } else if (!strcmp(a, "--no-moe")) {

@@ -196,6 +196,68 @@ static void test_cli_backends_errors(void **state)
     free(out);
 }
 
+/* bench's rounds, seen from a plugin that records its bench() calls: the backends take turns,
+ * forward then backward, the repeats shared out with the first rounds taking the remainder; a
+ * backend's figure is the median of its rounds' answers; a backend that fails in a later round
+ * gets an ERROR row and the run fails, the other backend's row is complete. */
+static void test_cli_bench_turns(void **state)
+{
+    (void)state;
+    const char *bin = getenv("FP4DOCTOR_BIN");
+    if (!bin) skip();
+    char log[512], json[512], cmd[4096], *out;
+    snprintf(log, sizeof log, "%s/bench_probe.log", FP4D_PLUGIN_DIR);
+    snprintf(json, sizeof json, "%s/bench_probe.json", FP4D_PLUGIN_DIR);
+    for (int failing = 0; failing < 2; failing++) {
+        unlink(log);
+        snprintf(cmd, sizeof cmd,
+                 "FP4DOCTOR_PLUGINS='%s/bench_probe.so' FP4D_TEST_BENCH_LOG='%s' FP4D_TEST_BENCH_FAIL='%s' '%s' bench "
+                 "--backend plugin:probe-a,plugin:probe-b --shapes 64x64 --m 1 --no-moe --no-quantize --repeats 7 "
+                 "--rounds 3 --json '%s' >/dev/null 2>&1",
+                 FP4D_PLUGIN_DIR, log, failing ? "probe-b:2" : "", bin, json);
+        /* two configurations (W4A16, W4A4), each three rounds: a b, b a, a b - 7 repeats as 3 2 2 */
+        assert_int_equal(tu_run_capture(cmd, &out), failing ? 1 : 0);
+        free(out);
+        char *calls = tu_slurp(log, NULL);
+        assert_non_null(calls);
+        const char *want = failing ? "probe-a 3\nprobe-b 3\nprobe-b 2\nprobe-a 2\nprobe-a 2\n" /* b out after its 2nd */
+                                     "probe-a 3\nprobe-b 3\nprobe-b 2\nprobe-a 2\nprobe-a 2\nprobe-b 2\n"
+                                   : "probe-a 3\nprobe-b 3\nprobe-b 2\nprobe-a 2\nprobe-a 2\nprobe-b 2\n"
+                                     "probe-a 3\nprobe-b 3\nprobe-b 2\nprobe-a 2\nprobe-a 2\nprobe-b 2\n";
+        assert_string_equal(calls, want);
+        free(calls);
+        json_error_t err;
+        json_t *root = json_load_file(json, 0, &err);
+        assert_non_null(root);
+        json_t *res = json_object_get(root, "results");
+        assert_int_equal(json_array_size(res), 4); /* probe-a W4A16, W4A4, then probe-b's */
+        for (size_t i = 0; i < 4; i++) {
+            const json_t *r = json_array_get(res, i);
+            const bool is_b = i >= 2;
+            /* each backend's n-th call answers 10 n: probe-a's rounds in the first configuration
+             * are calls 1-3, in the second 4-6; probe-b's likewise, or its 2nd call failed */
+            const double first = i % 2 ? 40.0 : 10.0;
+            if (is_b && failing && i == 2) {
+                assert_non_null(strstr(json_string_value(json_object_get(r, "status")), "ERROR"));
+                assert_null(json_object_get(r, "round_median_us"));
+                assert_null(json_object_get(r, "median_us"));
+                continue;
+            }
+            const double base = is_b && failing ? 30.0 : first; /* after the failure: calls 3-5 */
+            assert_string_equal(json_string_value(json_object_get(r, "status")), "OK");
+            const json_t *rounds = json_object_get(r, "round_median_us");
+            assert_int_equal(json_array_size(rounds), 3);
+            for (size_t k = 0; k < 3; k++)
+                assert_float_equal(json_real_value(json_array_get(rounds, k)), base + 10.0 * (double)k, 1e-9);
+            assert_float_equal(json_real_value(json_object_get(r, "median_us")), base + 10.0, 1e-9);
+            assert_float_equal(json_real_value(json_object_get(r, "min_us")), base - 1.0, 1e-9);
+        }
+        json_decref(root);
+    }
+    unlink(log);
+    unlink(json);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -204,6 +266,7 @@ int main(void)
         cmocka_unit_test(test_registry_init_reports_plugin_failure),
         cmocka_unit_test(test_cli_backends_json),
         cmocka_unit_test(test_cli_backends_errors),
+        cmocka_unit_test(test_cli_bench_turns),
     };
     return cmocka_run_group_tests(tests, setup, NULL);
 }
