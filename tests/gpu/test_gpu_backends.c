@@ -435,6 +435,44 @@ static void test_cuda_wa_two_warps_per_row_group(void **state)
 #endif
 }
 
+/* Wide staging: a stream grid of at most one block per SM may stage more activations than
+ * the two-blocks-per-SM budget (96 KB) - 9..16 tokens over K = 4096..6144 in one split, 96 to
+ * 192 KB per block - with one and two warps per row group. Each case is past that budget, so
+ * without wide staging the forced single split would be refused and the planner's split run. */
+static void test_cuda_wa_wide_staging(void **state)
+{
+    (void)state;
+    static const int64_t shapes[][3] = {
+        {16, 257, 4096}, {12, 300, 6144}, {9, 129, 5632}, {16, 40, 3328},
+    };
+    const size_t count = sizeof shapes / sizeof shapes[0];
+    setenv("FP4DOCTOR_CUDA_WA_SPLITS", "1", 1);
+    small_m_sweep_with("FP4DOCTOR_CUDA_WA_HALVES", "1", "wa, wide staging", shapes, count);
+    small_m_sweep_with("FP4DOCTOR_CUDA_WA_HALVES", "2", "wa, wide staging, two warps per row group", shapes, count);
+    unsetenv("FP4DOCTOR_CUDA_WA_SPLITS");
+#ifdef FP4D_TEST_CUDA_KERNELS
+    /* the planner, on this GPU: 14336x4096 at M = 16 in one split when wide staging fits (a
+     * block of 16 phases x 16 tokens stages 128 KB), two without it */
+    int sms = 0;
+    if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0) == cudaSuccess && sms >= 112) {
+        int optin = 0;
+        cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, 0);
+        fp4d_skinny_args a = {0};
+        a.a_type = FP4D_DTYPE_BF16;
+        a.b_format = FP4D_DTYPE_NVFP4;
+        a.b_stream_codes = 1;
+        a.num_items = 1;
+        a.max_rows = 16;
+        a.n = 14336;
+        a.k = 4096;
+        if (optin >= 160 * 1024) assert_int_equal(fp4d_cuda_skinny_pick_splits(&a, sms), 1);
+        setenv("FP4DOCTOR_CUDA_WA_WIDE", "0", 1);
+        assert_int_equal(fp4d_cuda_skinny_pick_splits(&a, sms), 2);
+        unsetenv("FP4DOCTOR_CUDA_WA_WIDE");
+    }
+#endif
+}
+
 /* The fused large-M kernel (NVFP4 weights, K % 64 == 0, M >= 32 by default): M = 32, 100,
  * 128, 129, 300 (one and several 128-row M tiles, short last tiles), N not a multiple of
  * the 128-column tile (and odd N: unpaired output stores), K = 64 (one k tile) up to 4096
@@ -971,6 +1009,7 @@ int main(void)
         cmocka_unit_test(test_cuda_wa_natural_layout),
         cmocka_unit_test(test_cuda_wa_three_splits),
         cmocka_unit_test(test_cuda_wa_two_warps_per_row_group),
+        cmocka_unit_test(test_cuda_wa_wide_staging),
         cmocka_unit_test(test_cuda_pdl_chain),
         cmocka_unit_test(test_cuda_quantize_bit_identical),
         cmocka_unit_test(test_cuda_e2m1_rounding_exhaustive),

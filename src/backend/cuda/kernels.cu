@@ -3810,32 +3810,66 @@ extern "C" int fp4d_cuda_stream_codes_wanted(int a_type, int b_format, int64_t k
  * where the device grants a block less (opt-in limit minus the largest static tables of any
  * instance - the two-warps-per-row-group one with 16 tokens, whose partner sums take 8 KB;
  * e.g. 99 KB per block on sm_86/sm_89/sm_120 parts); 48 KB when the runtime cannot say. */
-static int64_t wa_smem_limit(void)
+static int64_t env_int(const char *name, int64_t fallback)
+{
+    const char *v = getenv(name);
+    return v && atoll(v) > 0 ? atoll(v) : fallback;
+}
+
+/* Dynamic shared memory a block may have at all on the current device: the opt-in limit minus
+ * the largest static tables of any instance (0 when the runtime cannot say). */
+static int64_t wa_smem_room(void)
 {
     const int dev = cached_device_index();
-    if (dev < 0) return 48 * 1024;
-    static int64_t cached[64];
+    if (dev < 0) return 0;
+    static int64_t cached[64]; /* -1: not known */
     if (cached[dev] == 0) {
         int optin = 0;
         cudaFuncAttributes attr;
-        int64_t limit = 48 * 1024;
         if (cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) == cudaSuccess &&
             cudaFuncGetAttributes(&attr, wa_kernel<AK_BF16, true, 2, 2>) == cudaSuccess) {
-            const int64_t room = ((int64_t)optin - (int64_t)attr.sharedSizeBytes) & ~(int64_t)15;
-            limit = room < WA_SMEM_MAX ? room : WA_SMEM_MAX;
-            if (limit < 48 * 1024) limit = 48 * 1024; /* every CUDA GPU grants a block 48 KB */
+            cached[dev] = ((int64_t)optin - (int64_t)attr.sharedSizeBytes) & ~(int64_t)15;
         } else {
             (void)cudaGetLastError();
+            cached[dev] = -1;
         }
-        cached[dev] = limit;
     }
-    return cached[dev];
+    return cached[dev] > 0 ? cached[dev] : 0;
 }
 
-/* Phases of 256 k per block that the staged activations of max_rows tokens allow. */
-static int64_t wa_max_phases_per_block(int32_t max_rows)
+static int64_t wa_smem_limit(void)
 {
-    return wa_smem_limit() / ((int64_t)(max_rows > 0 ? max_rows : 1) * WA_PHASE * 2);
+    const int64_t room = wa_smem_room();
+    if (room < 48 * 1024) return 48 * 1024; /* every CUDA GPU grants a block 48 KB */
+    return room < WA_SMEM_MAX ? room : WA_SMEM_MAX;
+}
+
+/* Phases of 256 k per block that the staged activations of max_rows tokens allow: within
+ * WA_SMEM_MAX (two blocks per SM), or - `wide` - within all the shared memory a block may have
+ * (see wa_staging_fits). */
+static int64_t wa_max_phases_per_block(int32_t max_rows, bool wide)
+{
+    const int64_t room = wide && wa_smem_room() > wa_smem_limit() ? wa_smem_room() : wa_smem_limit();
+    return room / ((int64_t)(max_rows > 0 ? max_rows : 1) * WA_PHASE * 2);
+}
+
+/*
+ * Whether a stream grid of `blocks` blocks of `pps` phases in `splits` K splits may stage
+ * max_rows tokens. Within WA_SMEM_MAX always; beyond it ("wide" staging, up to all the shared
+ * memory a block may have) only for an unsplit grid of at most one block per SM, where no
+ * second block would share the SM anyway. On an H200 that runs 14336x4096 at M = 16 in one
+ * split instead of two whose 224 blocks share SMs: 20.1-20.3 -> 15.8-16.1 us (W4A4 22.4 ->
+ * 19.7-19.9). Wide staging with splits was slower: 7168x18432 at M = 12 in two splits of 36
+ * phases (221 KB per block) against nine narrow ones, W4A4 37.9-38.1 -> 42.4 us - a block
+ * stages (and for FP4 activations decodes) its whole K range before its first phase, and that
+ * prologue grows with the range. FP4DOCTOR_CUDA_WA_WIDE=0 turns it off (A/B timing).
+ */
+static bool wa_staging_fits(int64_t pps, int32_t max_rows, int64_t blocks, int64_t splits, int64_t sms)
+{
+    if (pps <= wa_max_phases_per_block(max_rows, false)) return true;
+    const char *wide = getenv("FP4DOCTOR_CUDA_WA_WIDE");
+    if (wide && atoi(wide) == 0) return false;
+    return splits == 1 && blocks <= sms && pps <= wa_max_phases_per_block(max_rows, true);
 }
 
 /* Resident blocks per multiprocessor of `kernel` at `threads` threads and `smem` bytes of dynamic
@@ -3885,11 +3919,6 @@ static int decode_blocks_per_sm(void)
     return cached;
 }
 
-static int64_t env_int(const char *name, int64_t fallback)
-{
-    const char *v = getenv(name);
-    return v && atoll(v) > 0 ? atoll(v) : fallback;
-}
 
 extern "C" int32_t fp4d_cuda_skinny_pick_splits(const fp4d_skinny_args *args, int sm_count)
 {
@@ -3909,14 +3938,18 @@ extern "C" int32_t fp4d_cuda_skinny_pick_splits(const fp4d_skinny_args *args, in
          * (FP4DOCTOR_CUDA_WA_WAVE_COST overrides it, for such sweeps). */
         const int64_t tiles = (n + WA_ROWS - 1) / WA_ROWS * num_items, phases = k / WA_PHASE;
         const int64_t slots = sms * wa_blocks_per_sm();
-        const int64_t min_splits = (phases + wa_max_phases_per_block(max_rows) - 1) / wa_max_phases_per_block(max_rows);
+        const int64_t min_splits = (phases + wa_max_phases_per_block(max_rows, false) - 1) / wa_max_phases_per_block(max_rows, false);
         const int64_t forced = env_int("FP4DOCTOR_CUDA_WA_SPLITS", 0);
         const double wave_cost = (double)env_int("FP4DOCTOR_CUDA_WA_WAVE_COST", 6);
+        const bool forced_fits = forced > 0 && forced <= phases &&
+                                 wa_staging_fits((phases + forced - 1) / forced, max_rows, tiles * forced, forced, sms);
         int64_t best_s = min_splits;
         double best = -1.0;
-        for (int64_t s = min_splits; s <= phases && s <= 64; s++) {
-            if (forced && s != forced && forced >= min_splits && forced <= phases) continue;
+        /* below min_splits only one split, where wide staging allows it */
+        for (int64_t s = 1; s <= phases && s <= 64; s++) {
+            if (forced_fits && s != forced) continue;
             const int64_t blocks = tiles * s, pps = (phases + s - 1) / s;
+            if (s < min_splits && !wa_staging_fits(pps, max_rows, blocks, s, sms)) continue;
             const int64_t waves = (blocks + slots - 1) / slots, per_sm = (blocks + sms - 1) / sms;
             const double cost = (double)(per_sm * pps) + wave_cost * (double)(waves - 1) + (s > 1 ? 1.7 : 0.0);
             if (best < 0 || cost <= best) {
@@ -3990,15 +4023,17 @@ template <int AK, bool BNV, int MT, int KH>
 static int launch_wa(const fp4d_skinny_args *args, cudaStream_t s)
 {
     const int64_t phases = args->k / WA_PHASE, pps = (phases + args->splits - 1) / args->splits;
-    if (pps > wa_max_phases_per_block(args->max_rows) || args->splits > phases) return (int)cudaErrorInvalidValue;
     const dim3 grid((unsigned)((args->n + WA_ROWS - 1) / WA_ROWS), (unsigned)args->splits, (unsigned)args->num_items);
-    const size_t smem = pdl_one_per_sm_smem((size_t)args->max_rows * (size_t)pps * WA_PHASE * 2,
-                                            (int64_t)grid.x * grid.y * grid.z);
+    const int64_t blocks = (int64_t)grid.x * grid.y * grid.z;
+    if (args->splits > phases || !wa_staging_fits(pps, args->max_rows, blocks, args->splits, current_sm_count()))
+        return (int)cudaErrorInvalidValue;
+    const size_t smem = pdl_one_per_sm_smem((size_t)args->max_rows * (size_t)pps * WA_PHASE * 2, blocks);
     /* the staged activations (or the padding) may exceed the 48 KB default; set on every
      * launch (the attribute is per device, and the call is cheap), always to the same value
      * on a device, so that no thread lowers it under another's launch */
     int sms = 0;
-    const size_t padded = pdl_padded_smem(&sms), staged = (size_t)wa_smem_limit();
+    const size_t padded = pdl_padded_smem(&sms), room = (size_t)wa_smem_room(), limit = (size_t)wa_smem_limit();
+    const size_t staged = room > limit ? room : limit;
     const cudaError_t e = cudaFuncSetAttribute(wa_kernel<AK, BNV, MT, KH>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                (int)(padded > staged ? padded : staged));
     if (e != cudaSuccess) return (int)e;
