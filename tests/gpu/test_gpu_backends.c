@@ -407,9 +407,9 @@ static void test_cuda_wa_two_warps_per_row_group(void **state)
     small_m_sweep_with("FP4DOCTOR_CUDA_WA_HALVES", "2", "wa, two warps per row group, one split", shapes, count);
     unsetenv("FP4DOCTOR_CUDA_WA_SPLITS");
 #ifdef FP4D_TEST_CUDA_KERNELS
-    /* the rule itself, on 132 SMs: 14336x4096 at M = 1 in one split (112 blocks of 16 phases)
-     * and 4096x4096 in one split (32 blocks of 16) take two; M = 9..16, two splits of
-     * 14336x4096 (224 blocks) and four of 4096x4096 (128 blocks of 4 phases) take one */
+    /* the rule itself, on 132 SMs: 14336x4096 at M = 1 or 16 in one split (112 blocks of 16
+     * phases) and 4096x4096 in one split (32 blocks of 16) take two; two splits of 14336x4096
+     * (224 blocks) and four of 4096x4096 (128 blocks of 4 phases) take one */
     fp4d_skinny_args a = {0};
     a.a_type = FP4D_DTYPE_BF16;
     a.b_format = FP4D_DTYPE_NVFP4;
@@ -420,9 +420,10 @@ static void test_cuda_wa_two_warps_per_row_group(void **state)
     a.splits = 1;
     assert_int_equal(fp4d_cuda_wa_warps_per_row_group(&a, 132), 2);
     a.max_rows = 16;
+    assert_int_equal(fp4d_cuda_wa_warps_per_row_group(&a, 132), 2);
+    a.splits = 2;
     assert_int_equal(fp4d_cuda_wa_warps_per_row_group(&a, 132), 1);
     a.max_rows = 1;
-    a.splits = 2;
     assert_int_equal(fp4d_cuda_wa_warps_per_row_group(&a, 132), 1);
     a.n = 4096;
     a.splits = 4;

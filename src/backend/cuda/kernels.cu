@@ -4003,20 +4003,21 @@ static int launch_decode_rows(const fp4d_skinny_args *args, cudaStream_t s)
 }
 
 /* Warps per 16-row group of a stream launch (wa_kernel's KH). Two where the grid holds at
- * most one block per SM anyway, every block has 16+ phases (8+ per warp) and M <= 8: the
- * kernel is bound by issue latency at two warps per scheduler, and the second warp of each
- * row group takes half the phases. Measured on an H200 (same runs): 14336x4096 W4A16 M = 1
+ * most one block per SM anyway and every block has 16+ phases (8+ per warp): the kernel is
+ * bound by issue latency at two warps per scheduler, and the second warp of each row group
+ * takes half the phases. Measured on an H200 (same runs): 14336x4096 W4A16 M = 1
  * 11.83-11.87 -> 11.55-11.68 us, W4A4 M = 4 13.70 -> 12.74-12.88, MoE at one token (128
- * blocks of 28 phases) 18.9 -> 16.6; where blocks share SMs or hold few phases it was slower
- * (4096x4096 M = 1 7.3 -> 8.5-9.3, M = 16 on 14336x4096 20.1 -> 25.3), hence the rule.
- * FP4DOCTOR_CUDA_WA_HALVES=1 or 2 forces it (A/B timing, tests). */
+ * blocks of 28 phases) 18.9 -> 16.6; with wide staging (one split) also M = 9..16, W4A4
+ * M = 16 19.7-20.0 -> 18.0 (W4A16 even); where blocks share SMs or hold few phases it was
+ * slower (4096x4096 M = 1 7.3 -> 8.5-9.3, 14336x4096 at M = 16 in two splits 20.1 -> 25.3),
+ * hence the rule. FP4DOCTOR_CUDA_WA_HALVES=1 or 2 forces it (A/B timing, tests). */
 extern "C" int fp4d_cuda_wa_warps_per_row_group(const fp4d_skinny_args *args, int sm_count)
 {
     const int64_t forced = env_int("FP4DOCTOR_CUDA_WA_HALVES", 0);
     if (forced == 1 || forced == 2) return (int)forced;
     const int64_t blocks = (args->n + WA_ROWS - 1) / WA_ROWS * args->splits * args->num_items;
     const int64_t pps = args->k / WA_PHASE / (args->splits > 0 ? args->splits : 1);
-    return args->max_rows <= 8 && blocks <= (sm_count > 0 ? sm_count : 132) && pps >= 16 ? 2 : 1;
+    return blocks <= (sm_count > 0 ? sm_count : 132) && pps >= 16 ? 2 : 1;
 }
 
 template <int AK, bool BNV, int MT, int KH>
