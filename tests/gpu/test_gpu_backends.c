@@ -388,6 +388,21 @@ static void test_cuda_wa_three_splits(void **state)
     small_m_sweep_with("FP4DOCTOR_CUDA_WA_SPLITS", "3", "wa (3 splits)", shapes, sizeof shapes / sizeof shapes[0]);
 }
 
+#ifdef FP4D_TEST_CUDA_KERNELS
+/* Stream-kernel arguments of bf16 x NVFP4 14336x4096 at max_rows tokens (the planner's rules). */
+static fp4d_skinny_args args_14336x4096(int32_t max_rows)
+{
+    fp4d_skinny_args a = {0};
+    a.a_type = FP4D_DTYPE_BF16;
+    a.b_format = FP4D_DTYPE_NVFP4;
+    a.num_items = 1;
+    a.max_rows = max_rows;
+    a.n = 14336;
+    a.k = 4096;
+    return a;
+}
+#endif
+
 /* The stream kernel with two warps per 16-row group forced (the backend picks them only for
  * grids of at most one block per SM with 16+ phases per block, as 14336x4096 at M <= 8): each
  * warp of a pair over its share of the block's phases, summed through shared memory before
@@ -410,13 +425,7 @@ static void test_cuda_wa_two_warps_per_row_group(void **state)
     /* the rule itself, on 132 SMs: 14336x4096 at M = 1 or 16 in one split (112 blocks of 16
      * phases) and 4096x4096 in one split (32 blocks of 16) take two; two splits of 14336x4096
      * (224 blocks) and four of 4096x4096 (128 blocks of 4 phases) take one */
-    fp4d_skinny_args a = {0};
-    a.a_type = FP4D_DTYPE_BF16;
-    a.b_format = FP4D_DTYPE_NVFP4;
-    a.num_items = 1;
-    a.max_rows = 1;
-    a.n = 14336;
-    a.k = 4096;
+    fp4d_skinny_args a = args_14336x4096(1);
     a.splits = 1;
     assert_int_equal(fp4d_cuda_wa_warps_per_row_group(&a, 132), 2);
     a.max_rows = 16;
@@ -458,14 +467,8 @@ static void test_cuda_wa_wide_staging(void **state)
     if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0) == cudaSuccess && sms >= 112) {
         int optin = 0;
         cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, 0);
-        fp4d_skinny_args a = {0};
-        a.a_type = FP4D_DTYPE_BF16;
-        a.b_format = FP4D_DTYPE_NVFP4;
+        fp4d_skinny_args a = args_14336x4096(16);
         a.b_stream_codes = 1;
-        a.num_items = 1;
-        a.max_rows = 16;
-        a.n = 14336;
-        a.k = 4096;
         if (optin >= 160 * 1024) assert_int_equal(fp4d_cuda_skinny_pick_splits(&a, sms), 1);
         setenv("FP4DOCTOR_CUDA_WA_WIDE", "0", 1);
         assert_int_equal(fp4d_cuda_skinny_pick_splits(&a, sms), 2);
