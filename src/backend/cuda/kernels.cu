@@ -3806,18 +3806,15 @@ extern "C" int fp4d_cuda_stream_codes_wanted(int a_type, int b_format, int64_t k
            wa_kernel_takes(a_type, b_format, k, (int32_t)max_rows);
 }
 
-/* Dynamic shared memory a stream block may stage on the current device: WA_SMEM_MAX, or less
- * where the device grants a block less (opt-in limit minus the largest static tables of any
- * instance - the two-warps-per-row-group one with 16 tokens, whose partner sums take 8 KB;
- * e.g. 99 KB per block on sm_86/sm_89/sm_120 parts); 48 KB when the runtime cannot say. */
 static int64_t env_int(const char *name, int64_t fallback)
 {
     const char *v = getenv(name);
     return v && atoll(v) > 0 ? atoll(v) : fallback;
 }
 
-/* Dynamic shared memory a block may have at all on the current device: the opt-in limit minus
- * the largest static tables of any instance (0 when the runtime cannot say). */
+/* Dynamic shared memory a stream block may have at all on the current device: the opt-in
+ * limit minus the largest static tables of any instance - the two-warps-per-row-group one
+ * with 16 tokens, whose partner sums take 8 KB (0 when the runtime cannot say). */
 static int64_t wa_smem_room(void)
 {
     const int dev = cached_device_index();
@@ -3837,6 +3834,9 @@ static int64_t wa_smem_room(void)
     return cached[dev] > 0 ? cached[dev] : 0;
 }
 
+/* Dynamic shared memory a stream block may stage when two blocks share an SM: WA_SMEM_MAX, or
+ * less where the device grants a block less (e.g. 99 KB per block on sm_86/sm_89/sm_120
+ * parts); 48 KB when the runtime cannot say. */
 static int64_t wa_smem_limit(void)
 {
     const int64_t room = wa_smem_room();
@@ -3919,7 +3919,6 @@ static int decode_blocks_per_sm(void)
     return cached;
 }
 
-
 extern "C" int32_t fp4d_cuda_skinny_pick_splits(const fp4d_skinny_args *args, int sm_count)
 {
     const int64_t n = args->n, k = args->k;
@@ -3938,7 +3937,7 @@ extern "C" int32_t fp4d_cuda_skinny_pick_splits(const fp4d_skinny_args *args, in
          * (FP4DOCTOR_CUDA_WA_WAVE_COST overrides it, for such sweeps). */
         const int64_t tiles = (n + WA_ROWS - 1) / WA_ROWS * num_items, phases = k / WA_PHASE;
         const int64_t slots = sms * wa_blocks_per_sm();
-        const int64_t min_splits = (phases + wa_max_phases_per_block(max_rows, false) - 1) / wa_max_phases_per_block(max_rows, false);
+        const int64_t narrow = wa_max_phases_per_block(max_rows, false), min_splits = (phases + narrow - 1) / narrow;
         const int64_t forced = env_int("FP4DOCTOR_CUDA_WA_SPLITS", 0);
         const double wave_cost = (double)env_int("FP4DOCTOR_CUDA_WA_WAVE_COST", 6);
         const bool forced_fits = forced > 0 && forced <= phases &&
