@@ -289,8 +289,8 @@ static void finish_row(const fp4d_gemm_desc *d, row *r)
 }
 
 /*
- * Times configuration d on every backend: `rounds` rounds (at most `repeats`) of repeats /
- * rounds each, the backends taking turns, forward in even rounds and backward in odd ones. A power-
+ * Times configuration d on every backend: `rounds` rounds (at most `repeats`) sharing out the
+ * repeats, the backends taking turns, forward in even rounds and backward in odd ones. A power-
  * capped GPU changes its clocks over tenths of a second: on an H200 the same W4A4 GEMM at
  * M = 8192 ran 14% slower when its 20 batches happened to fall in a clock dip (kernel by kernel,
  * all three of its kernels 12-14% slower), and cublas-bf16's likewise in other runs, so timed
