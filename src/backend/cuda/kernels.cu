@@ -3844,13 +3844,20 @@ static int64_t wa_smem_limit(void)
     return room < WA_SMEM_MAX ? room : WA_SMEM_MAX;
 }
 
+/* The most a stream block ever stages: all of a block's shared memory, or wa_smem_limit()
+ * where the runtime cannot say what that is. */
+static int64_t wa_smem_wide(void)
+{
+    const int64_t room = wa_smem_room(), limit = wa_smem_limit();
+    return room > limit ? room : limit;
+}
+
 /* Phases of 256 k per block that the staged activations of max_rows tokens allow: within
  * WA_SMEM_MAX (two blocks per SM), or - `wide` - within all the shared memory a block may have
  * (see wa_staging_fits). */
 static int64_t wa_max_phases_per_block(int32_t max_rows, bool wide)
 {
-    const int64_t room = wide && wa_smem_room() > wa_smem_limit() ? wa_smem_room() : wa_smem_limit();
-    return room / ((int64_t)(max_rows > 0 ? max_rows : 1) * WA_PHASE * 2);
+    return (wide ? wa_smem_wide() : wa_smem_limit()) / ((int64_t)(max_rows > 0 ? max_rows : 1) * WA_PHASE * 2);
 }
 
 /*
@@ -4032,8 +4039,7 @@ static int launch_wa(const fp4d_skinny_args *args, cudaStream_t s)
      * launch (the attribute is per device, and the call is cheap), always to the same value
      * on a device, so that no thread lowers it under another's launch */
     int sms = 0;
-    const size_t padded = pdl_padded_smem(&sms), room = (size_t)wa_smem_room(), limit = (size_t)wa_smem_limit();
-    const size_t staged = room > limit ? room : limit;
+    const size_t padded = pdl_padded_smem(&sms), staged = (size_t)wa_smem_wide();
     const cudaError_t e = cudaFuncSetAttribute(wa_kernel<AK, BNV, MT, KH>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                (int)(padded > staged ? padded : staged));
     if (e != cudaSuccess) return (int)e;
