@@ -477,6 +477,109 @@ static void test_cuda_wa_wide_staging(void **state)
 #endif
 }
 
+/* Runs A x B (alpha 0.75) on backend b into a fresh, NaN-poisoned buffer of type ot. */
+static void *gemm_into_new(fp4d_backend_t b, const operand *A, const operand *B, fp4d_dtype ot)
+{
+    const size_t count = (size_t)(A->m.rows * B->m.rows);
+    void *out = malloc(count * 4);
+    assert_non_null(out);
+    poison(ot, out, count);
+    fp4d_gemm_problem p = {A->m, B->m, 0.75f, ot, out};
+    fp4d_reason why = {{0}};
+    const fp4d_status st = fp4d_backend_gemm(b, &p, &why);
+    if (st != FP4D_STATUS_OK) fprintf(stderr, "  %s (%s)\n", fp4d_status_name(st), fp4d_last_error());
+    assert_int_equal(st, FP4D_STATUS_OK);
+    return out;
+}
+
+/*
+ * The stream kernel's split-K exchange through the shared memory of a thread block cluster
+ * (compute capability 9.0+: the splits of a tile run as one cluster) against the exchange
+ * through global memory (FP4DOCTOR_CUDA_WA_CLUSTER=0): 2, 3, 8 (the portable cluster limit),
+ * 9 and 16 splits forced, 1..16 tokens, one and two warps per row group, every activation
+ * type, both weight formats, every output type. Both add the splits in split order, so the
+ * outputs must be bit-identical, and within the reference's tolerance. On such a device the
+ * first part checks that the cluster exchange is the one these launches take.
+ */
+static void test_cuda_wa_cluster_exchange(void **state)
+{
+    (void)state;
+    fp4d_backend_t b = open_or_skip("cuda");
+    if (!b) skip();
+    static const int32_t splits[] = {2, 3, 8, 9, 16};
+#ifdef FP4D_TEST_CUDA_KERNELS
+    int major = 0;
+    assert_int_equal(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0), cudaSuccess);
+    fp4d_skinny_args a = args_14336x4096(16);
+    a.n = 257; /* 3 tiles of 128 rows: one wave at any of these splits */
+    a.b_stream_codes = 1;
+    for (size_t i = 0; i < sizeof splits / sizeof splits[0]; i++) {
+        a.splits = splits[i];
+        assert_int_equal(fp4d_cuda_wa_cluster_blocks(&a), major >= 9 ? splits[i] : 1);
+    }
+    a.splits = 1;
+    assert_int_equal(fp4d_cuda_wa_cluster_blocks(&a), 1);
+    a.splits = 4;
+    setenv("FP4DOCTOR_CUDA_WA_CLUSTER", "0", 1);
+    assert_int_equal(fp4d_cuda_wa_cluster_blocks(&a), 1);
+    unsetenv("FP4DOCTOR_CUDA_WA_CLUSTER");
+#endif
+    static const int64_t shapes[][3] = {{1, 257, 4096}, {5, 300, 4096}, {9, 129, 8192}, {16, 40, 4096}};
+    static const fp4d_dtype acts[] = {FP4D_DTYPE_BF16, FP4D_DTYPE_NVFP4, FP4D_DTYPE_F16, FP4D_DTYPE_MXFP4};
+    const bool quick = getenv("FP4D_GPU_TEST_QUICK") != NULL;
+    setenv("FP4DOCTOR_CUDA_GEMV_MAX_M", "0", 1); /* M = 1 to the stream kernel too */
+    int cases = 0, failures = 0;
+    for (size_t si = 0; si < sizeof splits / sizeof splits[0]; si++)
+        for (size_t hi = 0; hi < sizeof shapes / sizeof shapes[0]; hi++) {
+            const size_t rot = si + hi;
+            if (quick && rot % 2) continue;
+            const int64_t M = shapes[hi][0], N = shapes[hi][1], K = shapes[hi][2];
+            const fp4d_dtype at = acts[rot % 4], bt = at == FP4D_DTYPE_F16 || rot % 3 ? FP4D_DTYPE_NVFP4 : FP4D_DTYPE_MXFP4;
+            const fp4d_dtype ot = out_types[rot % 3];
+            operand A, B;
+            make_operand(&A, at, layouts[rot % 3], M, K);
+            make_operand(&B, bt, layouts[(rot + 1) % 3], N, K);
+            char count[16];
+            snprintf(count, sizeof count, "%d", (int)splits[si]);
+            setenv("FP4DOCTOR_CUDA_WA_SPLITS", count, 1);
+            setenv("FP4DOCTOR_CUDA_WA_HALVES", rot % 2 ? "2" : "1", 1);
+            void *clustered = gemm_into_new(b, &A, &B, ot);
+            setenv("FP4DOCTOR_CUDA_WA_CLUSTER", "0", 1);
+            void *global = gemm_into_new(b, &A, &B, ot);
+            unsetenv("FP4DOCTOR_CUDA_WA_CLUSTER");
+            unsetenv("FP4DOCTOR_CUDA_WA_HALVES");
+            unsetenv("FP4DOCTOR_CUDA_WA_SPLITS");
+            char label[160];
+            snprintf(label, sizeof label, "%s x %s -> %s M=%lld N=%lld K=%lld, %s splits", fp4d_dtype_get(at)->name,
+                     fp4d_dtype_get(bt)->name, fp4d_dtype_get(ot)->name, (long long)M, (long long)N, (long long)K,
+                     count);
+            const size_t bytes = (size_t)(M * N) * (ot == FP4D_DTYPE_F32 ? 4 : 2);
+            if (memcmp(clustered, global, bytes) != 0) {
+                fprintf(stderr, "  %s: the two exchanges differ\n", label);
+                failures++;
+            } else {
+                void *ref = malloc((size_t)(M * N) * 4);
+                assert_non_null(ref);
+                fp4d_gemm_problem p = {A.m, B.m, 0.75f, ot, ref};
+                assert_int_equal(fp4d_ref_gemm(&p), FP4D_STATUS_OK);
+                float *af = to_f32(&A.m), *bf = to_f32(&B.m);
+                if (compare(label, &p, clustered, ref, af, bf, 0)) failures++;
+                free(af);
+                free(bf);
+                free(ref);
+            }
+            cases++;
+            free(clustered);
+            free(global);
+            free_operand(&A);
+            free_operand(&B);
+        }
+    unsetenv("FP4DOCTOR_CUDA_GEMV_MAX_M");
+    fprintf(stderr, "  cuda wa, cluster exchange: %d cases, %d failed\n", cases, failures);
+    assert_int_equal(failures, 0);
+    fp4d_backend_close(b);
+}
+
 /* The fused large-M kernel (NVFP4 weights, K % 64 == 0, M >= 32 by default): M = 32, 100,
  * 128, 129, 300 (one and several 128-row M tiles, short last tiles), N not a multiple of
  * the 128-column tile (and odd N: unpaired output stores), K = 64 (one k tile) up to 4096
@@ -1014,6 +1117,7 @@ int main(void)
         cmocka_unit_test(test_cuda_wa_three_splits),
         cmocka_unit_test(test_cuda_wa_two_warps_per_row_group),
         cmocka_unit_test(test_cuda_wa_wide_staging),
+        cmocka_unit_test(test_cuda_wa_cluster_exchange),
         cmocka_unit_test(test_cuda_pdl_chain),
         cmocka_unit_test(test_cuda_quantize_bit_identical),
         cmocka_unit_test(test_cuda_e2m1_rounding_exhaustive),

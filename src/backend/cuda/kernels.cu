@@ -752,6 +752,8 @@ __device__ __forceinline__ void dk_load_a_fp4(const fp4d_skinny_args &p, int64_t
  * true only in the block that arrives last, whose acc then holds the sums over all splits
  * added in split order (deterministic); that block re-arms the tile's counter.
  */
+constexpr int SPLITK_BATCH = 4; /* splits whose partial sums one thread loads at once */
+
 template <int NT, typename Ok>
 __device__ __forceinline__ bool splitk_last_block(const fp4d_skinny_args &p, int64_t tile, int slots, int warp,
                                                   int lane, float (&acc)[NT][4], Ok ok)
@@ -770,18 +772,117 @@ __device__ __forceinline__ bool splitk_last_block(const fp4d_skinny_args &p, int
     __syncthreads();
     if (prev != (uint32_t)p.splits - 1) return false;
     __threadfence();
+    /* the loads of SPLITK_BATCH splits at a time are all issued before their sums: one L2
+     * round trip per batch, where a load-then-add per split and element was one each (on an
+     * H200 the exchange then cost 4096x14336 at M = 4 3.5 us of 14.9) */
+    float sum[NT][4];
 #pragma unroll
     for (int t = 0; t < NT; t++)
 #pragma unroll
-        for (int e = 0; e < 4; e++) {
-            if (!ok(t, e)) continue;
-            float sum = 0.0f;
-            for (int sp = 0; sp < p.splits; sp++)
-                sum += __ldcg(base + (int64_t)sp * slots + ((warp * NT + t) * 4 + e) * 32 + lane);
-            acc[t][e] = sum;
-        }
+        for (int e = 0; e < 4; e++) sum[t][e] = 0.0f;
+    for (int sp0 = 0; sp0 < p.splits; sp0 += SPLITK_BATCH) {
+        float v[SPLITK_BATCH][NT][4];
+#pragma unroll
+        for (int i = 0; i < SPLITK_BATCH; i++)
+#pragma unroll
+            for (int t = 0; t < NT; t++)
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    v[i][t][e] = sp0 + i < p.splits && ok(t, e)
+                                     ? __ldcg(base + (int64_t)(sp0 + i) * slots + ((warp * NT + t) * 4 + e) * 32 + lane)
+                                     : 0.0f;
+#pragma unroll
+        for (int i = 0; i < SPLITK_BATCH; i++)
+            if (sp0 + i < p.splits)
+#pragma unroll
+                for (int t = 0; t < NT; t++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) sum[t][e] += v[i][t][e];
+    }
+#pragma unroll
+    for (int t = 0; t < NT; t++)
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            if (ok(t, e)) acc[t][e] = sum[t][e];
     if (threadIdx.x == 0) p.counters[tile] = 0;
     return true;
+}
+
+/*
+ * Thread block clusters (sm_90 and newer). A grid launched in clusters (launch_pdl's
+ * cluster_y) has its blocks' shared memory mapped into one window: mapa turns the address of
+ * a shared variable into the generic address of the same variable in another block of the
+ * cluster, which ordinary loads then read. Compiled for older GPUs, cluster_blocks() is 1 and
+ * the split-K kernels take their global-memory exchange.
+ */
+__device__ __forceinline__ uint32_t cluster_blocks()
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    uint32_t n;
+    asm volatile("mov.u32 %0, %%cluster_nctarank;\n" : "=r"(n));
+    return n;
+#else
+    return 1;
+#endif
+}
+/* every thread of every block of the cluster: writes before it are seen by reads after it */
+__device__ __forceinline__ void cluster_barrier()
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ const float *cluster_peer(const float *local, uint32_t rank)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    uint64_t out;
+    asm volatile("mapa.u64 %0, %1, %2;\n" : "=l"(out) : "l"(local), "r"(rank));
+    return reinterpret_cast<const float *>(out);
+#else
+    (void)rank;
+    return local;
+#endif
+}
+
+constexpr int SPLITK_CLUSTER_MAX = 16; /* the largest cluster sm_90 allows (8 portably) */
+
+/*
+ * Split-K exchange through the cluster's shared memory, for a grid launched in clusters of
+ * p.splits blocks along y (one cluster = every split of one tile, cluster rank = blockIdx.y):
+ * every block leaves its sums in its own shared memory `xch` (`slots` floats, written where
+ * `writer`), and after a cluster barrier adds up its 1/splits share of the tile's slots over
+ * all the blocks of the cluster in split order - the order, hence the bits, of
+ * splitk_last_block - and hands each total to store(slot, sum). A second barrier keeps each
+ * block's shared memory alive until the others have read it. No global partials, fences or
+ * counters: the global exchange's last block waits out three L2 round trips (its partials
+ * written and fenced, the counter, the other splits' partials), which on an H200 cost
+ * 4096x14336 at M = 4 about 2 us of 13.4 even with its loads batched (a build whose split
+ * blocks skipped the exchange: 11.4 us). Where launch_wa can use clusters (7168x18432 at
+ * M = 2..8: 56 clusters of 4) the kernel is 1-2% faster than with the global exchange.
+ */
+template <int NT, typename Store>
+__device__ __forceinline__ void splitk_cluster(const fp4d_skinny_args &p, float *xch, int slots, int warp, int lane,
+                                               bool writer, const float (&acc)[NT][4], Store store)
+{
+    if (writer)
+#pragma unroll
+        for (int t = 0; t < NT; t++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) xch[((warp * NT + t) * 4 + e) * 32 + lane] = acc[t][e];
+    cluster_barrier();
+    const int splits = p.splits, r = blockIdx.y;
+    const int hi = (int)((int64_t)slots * (r + 1) / splits);
+    for (int j = (int)((int64_t)slots * r / splits) + threadIdx.x; j < hi; j += blockDim.x) {
+        float part[SPLITK_CLUSTER_MAX];
+#pragma unroll
+        for (int sp = 0; sp < SPLITK_CLUSTER_MAX; sp++) part[sp] = sp < splits ? *cluster_peer(xch + j, sp) : 0.0f;
+        float sum = 0.0f;
+#pragma unroll
+        for (int sp = 0; sp < SPLITK_CLUSTER_MAX; sp++)
+            if (sp < splits) sum += part[sp];
+        store(j, sum);
+    }
+    cluster_barrier();
 }
 
 /* The factor that undoes the 2^-7 of each folded NVFP4 operand (exact); alpha comes after it,
@@ -1319,11 +1420,23 @@ __global__ void __launch_bounds__(WA_WARPS * 32 * KH, KH == 1 ? WA_MIN_BLOCKS : 
         return kh == 0 && n < N && mt * 8 + 2 * t + (e & 1) < mp;
     };
     constexpr int SLOTS = WA_WARPS * MT * 4 * 32;
+    const float unfold = skinny_unfold<AK, BNV>(p), alpha = p.alpha[it.expert];
+    if (p.splits > 1 && cluster_blocks() == (uint32_t)p.splits) {
+        /* the splits of this tile are this cluster (launch_wa): slot j is accumulator e of
+         * column mt of lane l of warp w, j = ((w * MT + mt) * 4 + e) * 32 + l */
+        if (KH == 1) __syncthreads(); /* every warp is done with the staged activations */
+        splitk_cluster<MT>(p, reinterpret_cast<float *>(wa_act), SLOTS, warp, lane, kh == 0, acc, [&](int j, float sum) {
+            const int l = j & 31, e = (j >> 5) & 3, mt = (j >> 7) % MT, w = (j >> 7) / MT;
+            const int64_t n = (int64_t)blockIdx.x * WA_ROWS + w * 16 + (l >> 2) + (e < 2 ? 0 : 8);
+            const int tok = mt * 8 + 2 * (l & 3) + (e & 1);
+            if (n < N && tok < mp) store_out(p.out_type, p.out, ((int64_t)it.row0 + tok) * N + n, alpha * (sum * unfold));
+        });
+        return;
+    }
     if (p.splits > 1 &&
         !splitk_last_block<MT>(p, (int64_t)blockIdx.z * gridDim.x + blockIdx.x, SLOTS, warp, lane, acc, ok))
         return;
 
-    const float unfold = skinny_unfold<AK, BNV>(p), alpha = p.alpha[it.expert];
 #pragma unroll
     for (int mt = 0; mt < MT; mt++)
 #pragma unroll
@@ -3179,8 +3292,17 @@ __global__ void __launch_bounds__(GV_WARPS * 32, 2) gemv_kernel(const fp4d_gemv_
                 if (prev == (uint32_t)p.splits - 1) {
                     __threadfence();
                     if (ok) {
+                        /* in split order, SPLITK_BATCH loads in flight (see splitk_last_block) */
                         float sum = 0.0f;
-                        for (int sp = 0; sp < p.splits; sp++) sum += __ldcg(p.partials + ((int64_t)sp * MR + m) * N + n);
+                        for (int sp0 = 0; sp0 < p.splits; sp0 += SPLITK_BATCH) {
+                            float v[SPLITK_BATCH];
+#pragma unroll
+                            for (int i = 0; i < SPLITK_BATCH; i++)
+                                v[i] = sp0 + i < p.splits ? __ldcg(p.partials + ((int64_t)(sp0 + i) * MR + m) * N + n) : 0.0f;
+#pragma unroll
+                            for (int i = 0; i < SPLITK_BATCH; i++)
+                                if (sp0 + i < p.splits) sum += v[i];
+                        }
                         store_out(p.out_type, p.out, m * N + n, p.alpha * sum);
                     }
                     if (lane == 0) p.counters[g] = 0;
@@ -3304,25 +3426,38 @@ static bool pdl_enabled(void)
 
 extern "C" int fp4d_cuda_pdl_active(void) { return pdl_enabled() ? 1 : 0; }
 
-/* kernel<<<grid, block, smem, s>>>(args...), with programmatic dependent launch where enabled:
- * only for kernels that call pdl_wait() before their first dependent access (see pdl_wait) */
+/* kernel<<<grid, block, smem, s>>>(args...), with programmatic dependent launch where enabled
+ * (only for kernels that call pdl_wait() before their first dependent access, see pdl_wait),
+ * in clusters of cluster_y blocks along y where cluster_y > 1 */
 template <typename... Params, typename... Args>
-static cudaError_t launch_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t s,
-                              Args... args)
+static cudaError_t launch_pdl_clusters(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t s,
+                                       unsigned cluster_y, Args... args)
 {
-    cudaLaunchAttribute attr = {};
-    attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr.val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchAttribute attrs[2] = {};
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = grid;
     cfg.blockDim = block;
     cfg.dynamicSmemBytes = smem;
     cfg.stream = s;
-    cfg.attrs = &attr;
-    cfg.numAttrs = pdl_enabled() ? 1 : 0;
+    cfg.attrs = attrs;
+    if (pdl_enabled()) {
+        attrs[cfg.numAttrs].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        attrs[cfg.numAttrs++].val.programmaticStreamSerializationAllowed = 1;
+    }
+    if (cluster_y > 1) {
+        attrs[cfg.numAttrs].id = cudaLaunchAttributeClusterDimension;
+        attrs[cfg.numAttrs++].val.clusterDim = {1, cluster_y, 1};
+    }
     const cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, args...);
     if (e != cudaSuccess) (void)cudaGetLastError(); /* returned here; not left for a later check */
     return e;
+}
+
+template <typename... Params, typename... Args>
+static cudaError_t launch_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t s,
+                              Args... args)
+{
+    return launch_pdl_clusters(kernel, grid, block, smem, s, 1u, args...);
 }
 
 /* The wgmma kernel runs on compute capability 9.0 when its sm_90a code is in the binary;
@@ -4017,6 +4152,79 @@ static int launch_decode_rows(const fp4d_skinny_args *args, cudaStream_t s)
  * M = 16 19.7-20.0 -> 18.0 (W4A16 even); where blocks share SMs or hold few phases it was
  * slower (4096x4096 M = 1 7.3 -> 8.5-9.3, 14336x4096 at M = 16 in two splits 20.1 -> 25.3),
  * hence the rule. FP4DOCTOR_CUDA_WA_HALVES=1 or 2 forces it (A/B timing, tests). */
+/*
+ * Whether a stream grid of `splits` K splits should run each tile's splits as one thread block
+ * cluster and exchange their sums through its shared memory (splitk_cluster): on devices of
+ * compute capability 9.0 and newer, for 2..SPLITK_CLUSTER_MAX splits.
+ * FP4DOCTOR_CUDA_WA_CLUSTER=0 keeps the global-memory exchange (A/B timing).
+ */
+static bool wa_clusters_wanted(int32_t splits)
+{
+    if (splits < 2 || splits > SPLITK_CLUSTER_MAX) return false;
+    const char *env = getenv("FP4DOCTOR_CUDA_WA_CLUSTER");
+    if (env && atoi(env) == 0) return false;
+    static int major[64]; /* per device; 0: not known yet, -1: the runtime cannot say */
+    const int dev = cached_device_index();
+    if (dev < 0) return false;
+    if (major[dev] == 0 && cudaDeviceGetAttribute(&major[dev], cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
+        (void)cudaGetLastError();
+        major[dev] = -1;
+    }
+    return major[dev] >= 9;
+}
+
+/*
+ * Whether `kernel` should run `grid` in clusters of cluster_y blocks along y, at `threads`
+ * threads and `smem` bytes of dynamic shared memory (which the caller has allowed it): only
+ * if the clusters take no more waves than the plain blocks. A cluster's blocks must be
+ * resident at once on one GPC, so SMs that a GPC cannot fill with whole clusters stay idle:
+ * on an H200, 4096x14336 at M = 4 (32 clusters of 8 blocks, 256 blocks at two per SM) took
+ * 18.6 us in clusters against 14.1 without, while 7168x18432 at M = 4 (56 clusters of 4)
+ * went from 24.2 to 23.0. Clusters of more than 8 blocks need the kernel's non-portable-size
+ * attribute. The answers are kept in a small table (the queries cost microseconds, a launch
+ * should not); when it is full, the queries run.
+ */
+static bool cluster_launch_fits(const void *kernel, dim3 grid, int threads, size_t smem, int32_t cluster_y)
+{
+    struct fit { const void *kernel; int dev, threads, cluster_y; size_t smem; int64_t blocks; bool ok; };
+    static fit table[64];
+    static int used;
+    const int dev = cached_device_index();
+    const int64_t blocks = (int64_t)grid.x * grid.y * grid.z, sms = current_sm_count();
+    if (dev < 0 || sms <= 0 || grid.y % (unsigned)cluster_y != 0) return false;
+    for (int i = 0; i < used; i++)
+        if (table[i].kernel == kernel && table[i].dev == dev && table[i].threads == threads &&
+            table[i].cluster_y == cluster_y && table[i].smem == smem && table[i].blocks == blocks)
+            return table[i].ok;
+    int per_sm = 0, clusters = 0;
+    bool ok = (cluster_y <= 8 ||
+               cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess) &&
+              cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem) == cudaSuccess && per_sm > 0;
+    if (ok) {
+        cudaLaunchAttribute attr = {};
+        attr.id = cudaLaunchAttributeClusterDimension;
+        attr.val.clusterDim = {1, (unsigned)cluster_y, 1};
+        cudaLaunchConfig_t cfg = {};
+        cfg.gridDim = grid;
+        cfg.blockDim = dim3((unsigned)threads);
+        cfg.dynamicSmemBytes = smem;
+        cfg.attrs = &attr;
+        cfg.numAttrs = 1;
+        ok = cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg) == cudaSuccess && clusters > 0;
+    }
+    if (ok) {
+        const int64_t plain_waves = (blocks + sms * per_sm - 1) / (sms * per_sm);
+        const int64_t cluster_waves = (blocks / cluster_y + clusters - 1) / clusters;
+        ok = cluster_waves <= plain_waves;
+    }
+    if (!ok) (void)cudaGetLastError();
+    if (used < 64) {
+        table[used] = fit{kernel, dev, threads, cluster_y, smem, blocks, ok};
+        used++; /* after the entry: a racing reader sees a whole entry or none (at worst it asks again) */
+    }
+    return ok;
+}
+
 extern "C" int fp4d_cuda_wa_warps_per_row_group(const fp4d_skinny_args *args, int sm_count)
 {
     const int64_t forced = env_int("FP4DOCTOR_CUDA_WA_HALVES", 0);
@@ -4026,15 +4234,16 @@ extern "C" int fp4d_cuda_wa_warps_per_row_group(const fp4d_skinny_args *args, in
     return blocks <= (sm_count > 0 ? sm_count : 132) && pps >= 16 ? 2 : 1;
 }
 
+/* Launches the stream kernel on args - or, where `cluster` is not NULL, only sets it to the
+ * blocks per cluster the launch would have (1: the splits exchange through global memory). */
 template <int AK, bool BNV, int MT, int KH>
-static int launch_wa(const fp4d_skinny_args *args, cudaStream_t s)
+static int launch_wa(const fp4d_skinny_args *args, cudaStream_t s, unsigned *cluster)
 {
     const int64_t phases = args->k / WA_PHASE, pps = (phases + args->splits - 1) / args->splits;
     const dim3 grid((unsigned)((args->n + WA_ROWS - 1) / WA_ROWS), (unsigned)args->splits, (unsigned)args->num_items);
     const int64_t blocks = (int64_t)grid.x * grid.y * grid.z;
     if (args->splits > phases || !wa_staging_fits(pps, args->max_rows, blocks, args->splits, current_sm_count()))
         return (int)cudaErrorInvalidValue;
-    const size_t smem = pdl_one_per_sm_smem((size_t)args->max_rows * (size_t)pps * WA_PHASE * 2, blocks);
     /* the staged activations (or the padding) may exceed the 48 KB default; set on every
      * launch (the attribute is per device, and the call is cheap), always to the same value
      * on a device, so that no thread lowers it under another's launch */
@@ -4043,14 +4252,46 @@ static int launch_wa(const fp4d_skinny_args *args, cudaStream_t s)
     const cudaError_t e = cudaFuncSetAttribute(wa_kernel<AK, BNV, MT, KH>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                (int)(padded > staged ? padded : staged));
     if (e != cudaSuccess) return (int)e;
-    return (int)launch_pdl(wa_kernel<AK, BNV, MT, KH>, grid, dim3(WA_WARPS * 32 * KH), smem, s, *args);
+    /* split grids exchange through the cluster's shared memory where that adds no wave: the
+     * staging space then also holds the block's sums (WA_WARPS * MT * 4 * 32 floats) */
+    size_t smem = (size_t)args->max_rows * (size_t)pps * WA_PHASE * 2;
+    const size_t sums = (size_t)WA_WARPS * MT * 4 * 32 * sizeof(float);
+    const bool clustered = wa_clusters_wanted(args->splits) &&
+                           cluster_launch_fits((const void *)wa_kernel<AK, BNV, MT, KH>, grid, WA_WARPS * 32 * KH,
+                                               pdl_one_per_sm_smem(smem > sums ? smem : sums, blocks), args->splits);
+    const unsigned cluster_y = clustered ? (unsigned)args->splits : 1u;
+    if (cluster) {
+        *cluster = cluster_y;
+        return cudaSuccess;
+    }
+    if (clustered && smem < sums) smem = sums;
+    smem = pdl_one_per_sm_smem(smem, blocks);
+    return (int)launch_pdl_clusters(wa_kernel<AK, BNV, MT, KH>, grid, dim3(WA_WARPS * 32 * KH), smem, s, cluster_y,
+                                    *args);
 }
 
-template <int AK, bool BNV> static int launch_wa_rows(const fp4d_skinny_args *args, cudaStream_t s)
+template <int AK, bool BNV> static int launch_wa_rows(const fp4d_skinny_args *args, cudaStream_t s, unsigned *cluster)
 {
     if (fp4d_cuda_wa_warps_per_row_group(args, (int)current_sm_count()) == 2)
-        return args->max_rows > 8 ? launch_wa<AK, BNV, 2, 2>(args, s) : launch_wa<AK, BNV, 1, 2>(args, s);
-    return args->max_rows > 8 ? launch_wa<AK, BNV, 2, 1>(args, s) : launch_wa<AK, BNV, 1, 1>(args, s);
+        return args->max_rows > 8 ? launch_wa<AK, BNV, 2, 2>(args, s, cluster) : launch_wa<AK, BNV, 1, 2>(args, s, cluster);
+    return args->max_rows > 8 ? launch_wa<AK, BNV, 2, 1>(args, s, cluster) : launch_wa<AK, BNV, 1, 1>(args, s, cluster);
+}
+
+/* The stream kernel instance for args' activation type and weight format (see launch_wa). */
+static int launch_wa_for(const fp4d_skinny_args *args, cudaStream_t s, unsigned *cluster)
+{
+    const bool bnv = args->b_format == FP4D_DTYPE_NVFP4;
+    if (args->a_type == FP4D_DTYPE_NVFP4 || args->a_type == FP4D_DTYPE_MXFP4)
+        return bnv ? launch_wa_rows<AK_FP4, true>(args, s, cluster) : launch_wa_rows<AK_FP4, false>(args, s, cluster);
+    if (args->a_type == FP4D_DTYPE_F16) return launch_wa_rows<AK_F16, true>(args, s, cluster);
+    return bnv ? launch_wa_rows<AK_BF16, true>(args, s, cluster) : launch_wa_rows<AK_BF16, false>(args, s, cluster);
+}
+
+extern "C" int32_t fp4d_cuda_wa_cluster_blocks(const fp4d_skinny_args *args)
+{
+    unsigned cluster = 1;
+    if (!wa_kernel_applies(args) || launch_wa_for(args, 0, &cluster) != cudaSuccess) return 1;
+    return (int32_t)cluster;
 }
 
 extern "C" int fp4d_cuda_skinny_gemm(const fp4d_skinny_args *args, void *stream)
@@ -4064,11 +4305,7 @@ extern "C" int fp4d_cuda_skinny_gemm(const fp4d_skinny_args *args, void *stream)
     const bool bnv = args->b_format == FP4D_DTYPE_NVFP4;
     /* weights in the stream layout are for the weight-streaming kernel only */
     if (args->b_stream_codes && !wa_kernel_applies(args)) return (int)cudaErrorInvalidValue;
-    if (wa_kernel_applies(args)) {
-        if (ak == AK_FP4) return bnv ? launch_wa_rows<AK_FP4, true>(args, s) : launch_wa_rows<AK_FP4, false>(args, s);
-        if (ak == AK_F16) return launch_wa_rows<AK_F16, true>(args, s);
-        return bnv ? launch_wa_rows<AK_BF16, true>(args, s) : launch_wa_rows<AK_BF16, false>(args, s);
-    }
+    if (wa_kernel_applies(args)) return launch_wa_for(args, s, nullptr);
     if (decode_kernel_applies(args->k, args->max_rows) && (bnv || ak != AK_F16)) {
         if (ak == AK_FP4) return bnv ? launch_decode_rows<AK_FP4, true>(args, s) : launch_decode_rows<AK_FP4, false>(args, s);
         if (ak == AK_F16) return launch_decode_rows<AK_F16, true>(args, s);

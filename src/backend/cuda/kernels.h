@@ -157,9 +157,14 @@ void fp4d_cuda_skinny_scratch(int64_t n, int32_t num_items, int32_t splits, int3
 int32_t fp4d_cuda_skinny_pick_splits(const fp4d_skinny_args *args, int sm_count);
 /* Warps per 16-row group (1 or 2) the weight-streaming kernel runs the launch `args` with
  * (splits chosen) on a GPU of sm_count multiprocessors: 2 where the grid holds at most one
- * block per SM, every block has 16+ phases of 256 k and M <= 8; FP4DOCTOR_CUDA_WA_HALVES=1|2
- * forces it. */
+ * block per SM and every block has 16+ phases of 256 k; FP4DOCTOR_CUDA_WA_HALVES=1|2 forces
+ * it. */
 int fp4d_cuda_wa_warps_per_row_group(const fp4d_skinny_args *args, int sm_count);
+/* Blocks per thread block cluster the weight-streaming kernel would launch `args` with on the
+ * current device: the splits, where they exchange their sums through the cluster's shared
+ * memory (compute capability 9.0+, 2..16 splits, no more waves than plain blocks;
+ * FP4DOCTOR_CUDA_WA_CLUSTER=0 turns it off), else 1 (global partials and counters). */
+int32_t fp4d_cuda_wa_cluster_blocks(const fp4d_skinny_args *args);
 /* Whether the weight-streaming kernel would take items of up to max_rows rows if given the
  * weight codes in the stream layout (without it the slower decode kernel runs), its size for
  * an n x k matrix (n rounded up to 16 rows), and fp4d_cuda_stream_codes, which writes it from
