@@ -774,7 +774,7 @@ __device__ __forceinline__ bool splitk_last_block(const fp4d_skinny_args &p, int
     __threadfence();
     /* the loads of SPLITK_BATCH splits at a time are all issued before their sums: one L2
      * round trip per batch, where a load-then-add per split and element was one each (on an
-     * H200 the exchange then cost 4096x14336 at M = 4 3.5 us of 14.9) */
+     * H200, 4096x14336 at M = 4 14.1 -> 13.4 us, M = 16 18.9 -> 17.6) */
     float sum[NT][4];
 #pragma unroll
     for (int t = 0; t < NT; t++)
@@ -858,7 +858,7 @@ constexpr int SPLITK_CLUSTER_MAX = 16; /* the largest cluster sm_90 allows (8 po
  * written and fenced, the counter, the other splits' partials), which on an H200 cost
  * 4096x14336 at M = 4 about 2 us of 13.4 even with its loads batched (a build whose split
  * blocks skipped the exchange: 11.4 us). Where launch_wa can use clusters (7168x18432 at
- * M = 2..8: 56 clusters of 4) the kernel is 1-2% faster than with the global exchange.
+ * M = 2..8: 56 clusters of 4) the kernel is 0-2% faster than with the global exchange.
  */
 template <int NT, typename Store>
 __device__ __forceinline__ void splitk_cluster(const fp4d_skinny_args &p, float *xch, int slots, int warp, int lane,
@@ -4170,15 +4170,6 @@ static int launch_decode_rows(const fp4d_skinny_args *args, cudaStream_t s)
     return args->max_rows > 8 ? launch_decode<AK, BNV, true>(args, s) : launch_decode<AK, BNV, false>(args, s);
 }
 
-/* Warps per 16-row group of a stream launch (wa_kernel's KH). Two where the grid holds at
- * most one block per SM anyway and every block has 16+ phases (8+ per warp): the kernel is
- * bound by issue latency at two warps per scheduler, and the second warp of each row group
- * takes half the phases. Measured on an H200 (same runs): 14336x4096 W4A16 M = 1
- * 11.83-11.87 -> 11.55-11.68 us, W4A4 M = 4 13.70 -> 12.74-12.88, MoE at one token (128
- * blocks of 28 phases) 18.9 -> 16.6; with wide staging (one split) also M = 9..16, W4A4
- * M = 16 19.7-20.0 -> 18.0 (W4A16 even); where blocks share SMs or hold few phases it was
- * slower (4096x4096 M = 1 7.3 -> 8.5-9.3, 14336x4096 at M = 16 in two splits 20.1 -> 25.3),
- * hence the rule. FP4DOCTOR_CUDA_WA_HALVES=1 or 2 forces it (A/B timing, tests). */
 /*
  * Whether a stream grid of `splits` K splits should run each tile's splits as one thread block
  * cluster and exchange their sums through its shared memory (splitk_cluster): on devices of
@@ -4205,9 +4196,9 @@ static bool wa_clusters_wanted(int32_t splits)
  * threads and `smem` bytes of dynamic shared memory (which the caller has allowed it): only
  * if the clusters take no more waves than the plain blocks. A cluster's blocks must be
  * resident at once on one GPC, so SMs that a GPC cannot fill with whole clusters stay idle:
- * on an H200, 4096x14336 at M = 4 (32 clusters of 8 blocks, 256 blocks at two per SM) took
- * 18.6 us in clusters against 14.1 without, while 7168x18432 at M = 4 (56 clusters of 4)
- * went from 24.2 to 23.0. Clusters of more than 8 blocks need the kernel's non-portable-size
+ * on an H200 the GPCs hold 30 clusters of 8 blocks at two blocks per SM, so 4096x14336 at
+ * M = 4 (32 clusters of 8) took 18.6 us in clusters against 14.1 without, while 7168x18432 at
+ * M = 4 (56 clusters of 4, 62 fit) gains 0-2%. Clusters of more than 8 blocks need the kernel's non-portable-size
  * attribute. The answers are kept in a small table (the queries cost microseconds, a launch
  * should not); when it is full, the queries run.
  */
@@ -4252,6 +4243,15 @@ static bool cluster_launch_fits(const void *kernel, dim3 grid, int threads, size
     return ok;
 }
 
+/* Warps per 16-row group of a stream launch (wa_kernel's KH). Two where the grid holds at
+ * most one block per SM anyway and every block has 16+ phases (8+ per warp): the kernel is
+ * bound by issue latency at two warps per scheduler, and the second warp of each row group
+ * takes half the phases. Measured on an H200 (same runs): 14336x4096 W4A16 M = 1
+ * 11.83-11.87 -> 11.55-11.68 us, W4A4 M = 4 13.70 -> 12.74-12.88, MoE at one token (128
+ * blocks of 28 phases) 18.9 -> 16.6; with wide staging (one split) also M = 9..16, W4A4
+ * M = 16 19.7-20.0 -> 18.0 (W4A16 even); where blocks share SMs or hold few phases it was
+ * slower (4096x4096 M = 1 7.3 -> 8.5-9.3, 14336x4096 at M = 16 in two splits 20.1 -> 25.3),
+ * hence the rule. FP4DOCTOR_CUDA_WA_HALVES=1 or 2 forces it (A/B timing, tests). */
 extern "C" int fp4d_cuda_wa_warps_per_row_group(const fp4d_skinny_args *args, int sm_count)
 {
     const int64_t forced = env_int("FP4DOCTOR_CUDA_WA_HALVES", 0);
