@@ -89,40 +89,6 @@ static bool copy_list(char *buf, size_t size, const char *s)
     return (size_t)snprintf(buf, size, "%s", s) < size;
 }
 
-static bool parse_int_list(const char *s, int64_t *out, int *n)
-{
-    char buf[LIST_BYTES];
-    const char *items[MAX_LIST];
-    const int c = copy_list(buf, sizeof buf, s) ? split_list(buf, items, MAX_LIST) : -1;
-    for (int i = 0; i < c; i++) {
-        char *end;
-        errno = 0;
-        long long v = strtoll(items[i], &end, 10);
-        if (errno || *end || v <= 0) return false;
-        out[i] = v;
-    }
-    if (c <= 0) return false;
-    *n = c;
-    return true;
-}
-
-static bool parse_shapes(const char *s, bench_opts *o)
-{
-    char buf[LIST_BYTES];
-    const char *items[MAX_LIST];
-    const int c = copy_list(buf, sizeof buf, s) ? split_list(buf, items, MAX_LIST) : -1;
-    for (int i = 0; i < c; i++) {
-        long long n, k;
-        char tail;
-        if (sscanf(items[i], "%lldx%lld%c", &n, &k, &tail) != 2 || n <= 0 || k <= 0 || k % 32) return false;
-        o->nk[i][0] = n;
-        o->nk[i][1] = k;
-    }
-    if (c <= 0) return false;
-    o->num_nk = c;
-    return true;
-}
-
 /* s as a whole number of decimal digits only (no sign, spaces or junk), or -1. */
 static long whole_number(const char *s)
 {
@@ -131,6 +97,56 @@ static long whole_number(const char *s)
     errno = 0;
     const long v = strtol(s, &end, 10);
     return *end || errno ? -1 : v;
+}
+
+/* The largest M, token count, N or K the lists take: far past any model's layer, and small
+ * enough that sizes in elements cannot overflow on the way to an allocation that fails. */
+#define MAX_DIM (1L << 20)
+
+/* A comma-separated list of whole numbers in 1..MAX_DIM into out[]; false on a bad list, with
+ * *bad pointing at the item to quote (NULL where the list as a whole is wrong). */
+static bool parse_int_list(const char *s, int64_t *out, int *n, char *bad, size_t bad_size)
+{
+    char buf[LIST_BYTES];
+    const char *items[MAX_LIST];
+    const int c = copy_list(buf, sizeof buf, s) ? split_list(buf, items, MAX_LIST) : -1;
+    bad[0] = '\0';
+    for (int i = 0; i < c; i++) {
+        const long v = whole_number(items[i]);
+        if (v < 1 || v > MAX_DIM) {
+            snprintf(bad, bad_size, "%s", items[i]);
+            return false;
+        }
+        out[i] = v;
+    }
+    if (c <= 0) return false;
+    *n = c;
+    return true;
+}
+
+/* NxK,... with N and K whole numbers in 1..MAX_DIM and K a multiple of 32; *bad as above. */
+static bool parse_shapes(const char *s, bench_opts *o, char *bad, size_t bad_size)
+{
+    char buf[LIST_BYTES];
+    const char *items[MAX_LIST];
+    const int c = copy_list(buf, sizeof buf, s) ? split_list(buf, items, MAX_LIST) : -1;
+    bad[0] = '\0';
+    for (int i = 0; i < c; i++) {
+        char item[128];
+        snprintf(item, sizeof item, "%s", items[i]);
+        char *x = strchr(item, 'x');
+        if (x) *x = '\0';
+        const long n = whole_number(item), k = x ? whole_number(x + 1) : -1;
+        if (n < 1 || n > MAX_DIM || k < 1 || k > MAX_DIM || k % 32) {
+            snprintf(bad, bad_size, "%s", items[i]);
+            return false;
+        }
+        o->nk[i][0] = n;
+        o->nk[i][1] = k;
+    }
+    if (c <= 0) return false;
+    o->num_nk = c;
+    return true;
 }
 
 static int cmp_double(const void *a, const void *b)
@@ -411,9 +427,10 @@ int cmd_bench(int argc, char **argv)
     bench_opts o = {.repeats = 20, .rounds = 4, .device = 0, .moe = true, .quantize = true, .dense = true};
     char backend_buf[LIST_BYTES] = "";
     bool quick = false, backends_given = false;
-    parse_shapes("4096x4096,14336x4096,4096x14336,7168x18432", &o);
-    parse_int_list("1,4,16,64,128,1024,8192", o.ms, &o.num_ms);
-    parse_int_list("1,4,16,64,256,1024,4096", o.tokens, &o.num_tokens);
+    char bad[128];
+    parse_shapes("4096x4096,14336x4096,4096x14336,7168x18432", &o, bad, sizeof bad);
+    parse_int_list("1,4,16,64,128,1024,8192", o.ms, &o.num_ms, bad, sizeof bad);
+    parse_int_list("1,4,16,64,256,1024,4096", o.tokens, &o.num_tokens, bad, sizeof bad);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -438,16 +455,15 @@ int cmd_bench(int argc, char **argv)
             o.json_path = v;
             i++;
         } else if (!strcmp(a, "--shapes") && v) {
-            if (!parse_shapes(v, &o))
-                return cli_fail(FP4D_EXIT_USAGE, cmd, "--shapes takes up to %d of NxK,... with K a multiple of 32", MAX_LIST);
+            if (!parse_shapes(v, &o, bad, sizeof bad))
+                return cli_fail(FP4D_EXIT_USAGE, cmd, "--shapes takes up to %d of NxK,... (N, K in 1..%ld, K a multiple of 32)%s%s%s",
+                                MAX_LIST, MAX_DIM, bad[0] ? ", not '" : "", bad, bad[0] ? "'" : "");
             i++;
-        } else if (!strcmp(a, "--m") && v) {
-            if (!parse_int_list(v, o.ms, &o.num_ms))
-                return cli_fail(FP4D_EXIT_USAGE, cmd, "--m takes up to %d comma-separated positive integers", MAX_LIST);
-            i++;
-        } else if (!strcmp(a, "--tokens") && v) {
-            if (!parse_int_list(v, o.tokens, &o.num_tokens))
-                return cli_fail(FP4D_EXIT_USAGE, cmd, "--tokens takes up to %d comma-separated positive integers", MAX_LIST);
+        } else if ((!strcmp(a, "--m") || !strcmp(a, "--tokens")) && v) {
+            const bool m = !strcmp(a, "--m");
+            if (!parse_int_list(v, m ? o.ms : o.tokens, m ? &o.num_ms : &o.num_tokens, bad, sizeof bad))
+                return cli_fail(FP4D_EXIT_USAGE, cmd, "%s takes up to %d comma-separated whole numbers in 1..%ld%s%s%s", a,
+                                MAX_LIST, MAX_DIM, bad[0] ? ", not '" : "", bad, bad[0] ? "'" : "");
             i++;
         } else if (!strcmp(a, "--repeats") && v) {
             const long r = whole_number(v);
@@ -472,9 +488,9 @@ int cmd_bench(int argc, char **argv)
         }
     }
     if (quick) {
-        parse_shapes("4096x4096", &o);
-        parse_int_list("1,16,128", o.ms, &o.num_ms);
-        parse_int_list("1,16", o.tokens, &o.num_tokens);
+        parse_shapes("4096x4096", &o, bad, sizeof bad);
+        parse_int_list("1,16,128", o.ms, &o.num_ms, bad, sizeof bad);
+        parse_int_list("1,16", o.tokens, &o.num_tokens, bad, sizeof bad);
         if (o.repeats > 5) o.repeats = 5;
     }
     if (fp4d_registry_init(NULL) != FP4D_STATUS_OK)
@@ -490,8 +506,8 @@ int cmd_bench(int argc, char **argv)
         if (!fp4d_registry_find(o.backends[b])) return cli_fail(FP4D_EXIT_USAGE, cmd, "unknown backend '%s' (see fp4doctor backends)", o.backends[b]);
     if (!backends_given && ci.device_count == 0) {
         fprintf(stderr, "fp4doctor bench: no GPU (%s); timing the cpu backend on decode shapes only\n", ci.error);
-        parse_shapes("4096x4096", &o);
-        parse_int_list("1,16", o.ms, &o.num_ms);
+        parse_shapes("4096x4096", &o, bad, sizeof bad);
+        parse_int_list("1,16", o.ms, &o.num_ms, bad, sizeof bad);
         o.moe = o.quantize = false;
     }
     int dev_first = o.device < 0 ? 0 : o.device, dev_last = o.device < 0 ? ci.device_count - 1 : o.device;

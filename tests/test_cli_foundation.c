@@ -530,6 +530,25 @@ static void test_bench_host_backends(void **state)
     assert_true(output_contains("stderr.txt", "--tokens"));
     assert_int_equal(run_cli("bench --backend ref --shapes 64x64 --m 1 --repeats 5x"), 2);
     assert_true(output_contains("stderr.txt", "--repeats"));
+    /* list items are whole numbers (digits only, 1..2^20; K a multiple of 32), and the
+     * message quotes the item it refuses */
+    assert_int_equal(run_cli("bench --backend ref --shapes 64x64 --m +4"), 2);
+    assert_true(output_contains("stderr.txt", "'+4'"));
+    assert_one_line_error();
+    assert_int_equal(run_cli("bench --backend ref --shapes 64x64 --m ' 4'"), 2);
+    assert_true(output_contains("stderr.txt", "' 4'"));
+    assert_int_equal(run_cli("bench --backend ref --shapes 64x64 --m 1,0"), 2);
+    assert_true(output_contains("stderr.txt", "'0'"));
+    assert_int_equal(run_cli("bench --backend ref --shapes 64x64 --m 1 --tokens 1,2000000"), 2);
+    assert_true(output_contains("stderr.txt", "--tokens"));
+    assert_true(output_contains("stderr.txt", "'2000000'"));
+    assert_int_equal(run_cli("bench --backend ref --shapes '64x 64' --m 1"), 2);
+    assert_true(output_contains("stderr.txt", "'64x 64'"));
+    assert_int_equal(run_cli("bench --backend ref --shapes +64x64 --m 1"), 2);
+    assert_true(output_contains("stderr.txt", "'+64x64'"));
+    assert_int_equal(run_cli("bench --backend ref --shapes 64x64x --m 1"), 2);
+    assert_int_equal(run_cli("bench --backend ref --shapes 64x48 --m 1"), 2);
+    assert_true(output_contains("stderr.txt", "'64x48'"));
 }
 
 /* Files in dir whose names start with `prefix` (leftover temporary reports). */
