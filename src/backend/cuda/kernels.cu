@@ -1248,23 +1248,11 @@ __global__ void __launch_bounds__(WA_WARPS * 32 * KH, KH == 1 ? WA_MIN_BLOCKS : 
          * at M = 16) */
         const int groups = nph_block * (WA_PHASE / 8);
         const int64_t kbase = ph0 * WA_PHASE;
-        const int row_units = (int)(K / 8); /* 16-byte (4-byte FP4) units per token row */
+        const int row_units = (int)(K / 8); /* 16-byte units per bf16/f16 token row */
         const bool nva = p.a_type == FP4D_DTYPE_NVFP4;
         const int64_t aC = K / (nva ? 16 : 32), col0 = kbase / (nva ? 16 : 32);
         const uint32_t *codes = (const uint32_t *)((const uint8_t *)p.a + (int64_t)it.row0 * (K / 2) + kbase / 2);
         const uint4 *units = (const uint4 *)((const uint16_t *)p.a + (int64_t)it.row0 * K + kbase);
-        int m = 0, g8 = threadIdx.x, src = g8, dst = wa_unit(g8, 0, mp);
-        auto advance = [&]() {
-            if (++m == mp) {
-                m = 0;
-                g8 += WA_WARPS * 32 * KH;
-                src = g8;
-                dst = wa_unit(g8, 0, mp);
-            } else {
-                src += row_units;
-                dst += 4;
-            }
-        };
         if (AK == AK_FP4) {
             /* FP4: units in pairs, one 16-k piece (8 code bytes, one scale byte) per load
              * pair - half the loads and address arithmetic per unit, and twice the units per
@@ -1278,8 +1266,7 @@ __global__ void __launch_bounds__(WA_WARPS * 32 * KH, KH == 1 ? WA_MIN_BLOCKS : 
             __syncthreads();
             const int pieces = groups / 2, row_pieces = (int)(K / 16);
             const uint2 *codes2 = reinterpret_cast<const uint2 *>(codes);
-            int g16 = threadIdx.x, src16 = g16, dst16 = wa_unit(2 * g16, 0, mp);
-            m = 0;
+            int tok = 0, g16 = threadIdx.x, src16 = g16, dst16 = wa_unit(2 * g16, 0, mp);
             while (g16 < pieces) {
                 uint2 w[WA_STAGE_BATCH];
                 uint32_t sb[WA_STAGE_BATCH];
@@ -1289,11 +1276,11 @@ __global__ void __launch_bounds__(WA_WARPS * 32 * KH, KH == 1 ? WA_MIN_BLOCKS : 
                     to[i] = g16 < pieces ? dst16 : -1;
                     if (g16 < pieces) {
                         w[i] = __ldg(codes2 + src16);
-                        sb[i] = __ldg(p.a_scales + scale_row_off(p.a_layout, aC, (int64_t)it.row0 + m) +
+                        sb[i] = __ldg(p.a_scales + scale_row_off(p.a_layout, aC, (int64_t)it.row0 + tok) +
                                       scale_col_off(p.a_layout, col0 + (nva ? g16 : g16 >> 1)));
                     }
-                    if (++m == mp) {
-                        m = 0;
+                    if (++tok == mp) {
+                        tok = 0;
                         g16 += WA_WARPS * 32 * KH;
                         src16 = g16;
                         dst16 = wa_unit(2 * g16, 0, mp);
@@ -1320,21 +1307,31 @@ __global__ void __launch_bounds__(WA_WARPS * 32 * KH, KH == 1 ? WA_MIN_BLOCKS : 
                     }
                 }
             }
-        }
-        while (AK != AK_FP4 && g8 < groups) {
-            int to[WA_STAGE_BATCH];
-            uint4 v[WA_STAGE_BATCH];
+        } else {
+            int m = 0, g8 = threadIdx.x, src = g8, dst = wa_unit(g8, 0, mp);
+            while (g8 < groups) {
+                int to[WA_STAGE_BATCH];
+                uint4 v[WA_STAGE_BATCH];
 #pragma unroll
-            for (int i = 0; i < WA_STAGE_BATCH; i++) {
-                to[i] = g8 < groups ? dst : -1;
-                if (g8 < groups) v[i] = __ldg(units + src);
-                advance();
-            }
+                for (int i = 0; i < WA_STAGE_BATCH; i++) {
+                    to[i] = g8 < groups ? dst : -1;
+                    if (g8 < groups) v[i] = __ldg(units + src);
+                    if (++m == mp) {
+                        m = 0;
+                        g8 += WA_WARPS * 32 * KH;
+                        src = g8;
+                        dst = wa_unit(g8, 0, mp);
+                    } else {
+                        src += row_units;
+                        dst += 4;
+                    }
+                }
 #pragma unroll
-            for (int i = 0; i < WA_STAGE_BATCH; i++) {
-                if (to[i] < 0) break;
-                wa_act[to[i]] = make_uint4(__byte_perm(v[i].x, v[i].z, 0x5410), __byte_perm(v[i].x, v[i].z, 0x7632),
-                                           __byte_perm(v[i].y, v[i].w, 0x5410), __byte_perm(v[i].y, v[i].w, 0x7632));
+                for (int i = 0; i < WA_STAGE_BATCH; i++) {
+                    if (to[i] < 0) break;
+                    wa_act[to[i]] = make_uint4(__byte_perm(v[i].x, v[i].z, 0x5410), __byte_perm(v[i].x, v[i].z, 0x7632),
+                                               __byte_perm(v[i].y, v[i].w, 0x5410), __byte_perm(v[i].y, v[i].w, 0x7632));
+                }
             }
         }
     }
@@ -4281,18 +4278,18 @@ static int launch_wa(const fp4d_skinny_args *args, cudaStream_t s, unsigned *clu
     if (e != cudaSuccess) return (int)e;
     /* split grids exchange through the cluster's shared memory where that adds no wave: the
      * staging space then also holds the block's sums (WA_WARPS * MT * 4 * 32 floats) */
-    size_t smem = (size_t)args->max_rows * (size_t)pps * WA_PHASE * 2;
+    const size_t staging = (size_t)args->max_rows * (size_t)pps * WA_PHASE * 2;
     const size_t sums = (size_t)WA_WARPS * MT * 4 * 32 * sizeof(float);
+    const size_t cluster_smem = pdl_one_per_sm_smem(staging > sums ? staging : sums, blocks);
     const bool clustered = wa_clusters_wanted(args->splits) &&
                            cluster_launch_fits((const void *)wa_kernel<AK, BNV, MT, KH>, grid, WA_WARPS * 32 * KH,
-                                               pdl_one_per_sm_smem(smem > sums ? smem : sums, blocks), args->splits);
+                                               cluster_smem, args->splits);
     const unsigned cluster_y = clustered ? (unsigned)args->splits : 1u;
     if (cluster) {
         *cluster = cluster_y;
         return cudaSuccess;
     }
-    if (clustered && smem < sums) smem = sums;
-    smem = pdl_one_per_sm_smem(smem, blocks);
+    const size_t smem = clustered ? cluster_smem : pdl_one_per_sm_smem(staging, blocks);
     return (int)launch_pdl_clusters(wa_kernel<AK, BNV, MT, KH>, grid, dim3(WA_WARPS * 32 * KH), smem, s, cluster_y,
                                     *args);
 }
