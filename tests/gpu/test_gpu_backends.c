@@ -498,8 +498,8 @@ static void *gemm_into_new(fp4d_backend_t b, const operand *A, const operand *B,
  * through global memory (FP4DOCTOR_CUDA_WA_CLUSTER=0): 2, 3, 8 (the portable cluster limit),
  * 9 and 16 splits forced, 1..16 tokens, one and two warps per row group, every activation
  * type, both weight formats, every output type. Both add the splits in split order, so the
- * outputs must be bit-identical, and within the reference's tolerance. On such a device the
- * first part checks that the cluster exchange is the one these launches take.
+ * outputs must be bit-identical, and within the reference's tolerance. On compute capability
+ * 9.0 the first part checks that the cluster exchange is the one these launches take.
  */
 static void test_cuda_wa_cluster_exchange(void **state)
 {
@@ -515,7 +515,11 @@ static void test_cuda_wa_cluster_exchange(void **state)
     a.b_stream_codes = 1;
     for (size_t i = 0; i < sizeof splits / sizeof splits[0]; i++) {
         a.splits = splits[i];
-        assert_int_equal(fp4d_cuda_wa_cluster_blocks(&a), major >= 9 ? splits[i] : 1);
+        const int32_t blocks = fp4d_cuda_wa_cluster_blocks(&a);
+        /* compute capability 9.0 (H100, H200: 16-block clusters, 114+ SMs) takes them all;
+         * elsewhere cluster sizes past 8 and the wave rule depend on the part */
+        if (major <= 9) assert_int_equal(blocks, major == 9 ? splits[i] : 1);
+        else assert_true(blocks == splits[i] || blocks == 1);
     }
     a.splits = 1;
     assert_int_equal(fp4d_cuda_wa_cluster_blocks(&a), 1);
