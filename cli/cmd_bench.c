@@ -103,8 +103,15 @@ static long whole_number(const char *s)
  * enough that sizes in elements cannot overflow on the way to an allocation that fails. */
 #define MAX_DIM (1L << 20)
 
+/* Sets bad (a message suffix) to ", not 'item'". */
+static void quote_bad(char *bad, size_t bad_size, const char *item)
+{
+    snprintf(bad, bad_size, ", not '%s'", item);
+}
+
 /* A comma-separated list of whole numbers in 1..MAX_DIM into out[]; false on a bad list, with
- * *bad pointing at the item to quote (NULL where the list as a whole is wrong). */
+ * bad set to the message suffix that quotes the refused item (empty where the list as a whole
+ * is wrong: an empty item, too many items). */
 static bool parse_int_list(const char *s, int64_t *out, int *n, char *bad, size_t bad_size)
 {
     char buf[LIST_BYTES];
@@ -114,7 +121,7 @@ static bool parse_int_list(const char *s, int64_t *out, int *n, char *bad, size_
     for (int i = 0; i < c; i++) {
         const long v = whole_number(items[i]);
         if (v < 1 || v > MAX_DIM) {
-            snprintf(bad, bad_size, "%s", items[i]);
+            quote_bad(bad, bad_size, items[i]);
             return false;
         }
         out[i] = v;
@@ -124,7 +131,7 @@ static bool parse_int_list(const char *s, int64_t *out, int *n, char *bad, size_
     return true;
 }
 
-/* NxK,... with N and K whole numbers in 1..MAX_DIM and K a multiple of 32; *bad as above. */
+/* NxK,... with N and K whole numbers in 1..MAX_DIM and K a multiple of 32; bad as above. */
 static bool parse_shapes(const char *s, bench_opts *o, char *bad, size_t bad_size)
 {
     char buf[LIST_BYTES];
@@ -138,7 +145,7 @@ static bool parse_shapes(const char *s, bench_opts *o, char *bad, size_t bad_siz
         if (x) *x = '\0';
         const long n = whole_number(item), k = x ? whole_number(x + 1) : -1;
         if (n < 1 || n > MAX_DIM || k < 1 || k > MAX_DIM || k % 32) {
-            snprintf(bad, bad_size, "%s", items[i]);
+            quote_bad(bad, bad_size, items[i]);
             return false;
         }
         o->nk[i][0] = n;
@@ -427,7 +434,7 @@ int cmd_bench(int argc, char **argv)
     bench_opts o = {.repeats = 20, .rounds = 4, .device = 0, .moe = true, .quantize = true, .dense = true};
     char backend_buf[LIST_BYTES] = "";
     bool quick = false, backends_given = false;
-    char bad[128];
+    char bad[160]; /* ", not '<item of up to 127 characters>'" */
     parse_shapes("4096x4096,14336x4096,4096x14336,7168x18432", &o, bad, sizeof bad);
     parse_int_list("1,4,16,64,128,1024,8192", o.ms, &o.num_ms, bad, sizeof bad);
     parse_int_list("1,4,16,64,256,1024,4096", o.tokens, &o.num_tokens, bad, sizeof bad);
@@ -456,14 +463,14 @@ int cmd_bench(int argc, char **argv)
             i++;
         } else if (!strcmp(a, "--shapes") && v) {
             if (!parse_shapes(v, &o, bad, sizeof bad))
-                return cli_fail(FP4D_EXIT_USAGE, cmd, "--shapes takes up to %d of NxK,... (N, K in 1..%ld, K a multiple of 32)%s%s%s",
-                                MAX_LIST, MAX_DIM, bad[0] ? ", not '" : "", bad, bad[0] ? "'" : "");
+                return cli_fail(FP4D_EXIT_USAGE, cmd, "--shapes takes up to %d of NxK,... (N, K in 1..%ld, K a multiple of 32)%s",
+                                MAX_LIST, MAX_DIM, bad);
             i++;
         } else if ((!strcmp(a, "--m") || !strcmp(a, "--tokens")) && v) {
             const bool m = !strcmp(a, "--m");
             if (!parse_int_list(v, m ? o.ms : o.tokens, m ? &o.num_ms : &o.num_tokens, bad, sizeof bad))
-                return cli_fail(FP4D_EXIT_USAGE, cmd, "%s takes up to %d comma-separated whole numbers in 1..%ld%s%s%s", a,
-                                MAX_LIST, MAX_DIM, bad[0] ? ", not '" : "", bad, bad[0] ? "'" : "");
+                return cli_fail(FP4D_EXIT_USAGE, cmd, "%s takes up to %d comma-separated whole numbers in 1..%ld%s", a,
+                                MAX_LIST, MAX_DIM, bad);
             i++;
         } else if (!strcmp(a, "--repeats") && v) {
             const long r = whole_number(v);

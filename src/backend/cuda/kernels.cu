@@ -775,11 +775,7 @@ __device__ __forceinline__ bool splitk_last_block(const fp4d_skinny_args &p, int
     /* the loads of SPLITK_BATCH splits at a time are all issued before their sums: one L2
      * round trip per batch, where a load-then-add per split and element was one each (on an
      * H200, 4096x14336 at M = 4 14.1 -> 13.4 us, M = 16 18.9 -> 17.6) */
-    float sum[NT][4];
-#pragma unroll
-    for (int t = 0; t < NT; t++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) sum[t][e] = 0.0f;
+    float sum[NT][4] = {};
     for (int sp0 = 0; sp0 < p.splits; sp0 += SPLITK_BATCH) {
         float v[SPLITK_BATCH][NT][4];
 #pragma unroll
