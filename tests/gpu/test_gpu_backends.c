@@ -935,9 +935,11 @@ static void chain_gemm(chain_bufs *cb, int which, const void *act, int64_t m, in
     } else if (m <= 16) {
         fp4d_skinny_args a = {FP4D_DTYPE_BF16, act, NULL, 0, m, FP4D_DTYPE_NVFP4, FP4D_LAYOUT_SWIZZLED_128X4, 1,
                               cb->tables + 2 * which, cb->tables + 2 * which + 1, alpha_dev, n, k, cb->item, 1, (int32_t)m,
-                              out_type, out, 1, cb->partials, cb->counters};
+                              out_type, out, 1, cb->partials, cb->counters, 1};
         /* the tables hold {codes, scales} pairs: the scale pointer table starts one entry on,
-         * and both are indexed by expert 0 only */
+         * and both are indexed by expert 0 only; the weights are settled (made before the
+         * device synchronization that precedes the chain), so the stream kernel launches
+         * early and loads its first weights before it waits for the kernel before it */
         a.splits = fp4d_cuda_skinny_pick_splits(&a, 132);
         size_t pb = 0, cc = 0;
         fp4d_cuda_skinny_scratch(n, 1, a.splits, (int32_t)m, &pb, &cc);

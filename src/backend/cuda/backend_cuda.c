@@ -76,6 +76,7 @@ typedef struct dev_gemm {
     const float      *alpha;     /* host array */
     const int64_t    *offsets;   /* host array, num_experts + 1 */
     bool              b_stream;  /* b_codes and b_scales are in the stream layout (kernels.h) */
+    bool              b_settled; /* no work still queued on the device writes the weights (kernels.h) */
     int64_t           n, k;
     fp4d_dtype        out_type;
     void             *out;
@@ -226,6 +227,7 @@ static fp4d_status plan_skinny(cuda_ctx *c, const dev_gemm *g, fp4d_devbuf *para
     args->b_format = g->b_format;
     args->b_layout = g->b_layout;
     args->b_stream_codes = g->b_stream;
+    args->b_settled = g->b_settled;
     args->b_codes = t.codes;
     args->b_scales = t.scales;
     args->alpha = t.alpha;
@@ -923,6 +925,14 @@ static fp4d_status cuda_bench(void *ctx, const fp4d_gemm_desc *d, int repeats, f
             }
             for (int i = 0; room && i < s->copies; i++) s->g[i].b_stream = true;
         }
+        /* the weights are final once the device has made them: the timed calls may start and
+         * load them before the kernel before them has finished, as a server's layers can
+         * (FP4DOCTOR_CUDA_BENCH_SETTLED=0: timed as unsettled weights, which the stream
+         * kernel reads only once everything before it is done; A/B timing) */
+        const char *settle = getenv("FP4DOCTOR_CUDA_BENCH_SETTLED");
+        if (st == FP4D_STATUS_OK && !(settle && atoi(settle) == 0) && cudaStreamSynchronize(c->stream) == cudaSuccess)
+            for (int i = 0; i < s->copies; i++) s->g[i].b_settled = true;
+        (void)cudaGetLastError();
         for (int i = 0; st == FP4D_STATUS_OK && s->path == PATH_SKINNY && i < s->copies; i++)
             st = plan_skinny(c, &s->g[i], &s->params[i], &s->args[i]);
     }

@@ -1198,39 +1198,27 @@ __global__ void __launch_bounds__(WA_WARPS * 32 * KH, KH == 1 ? WA_MIN_BLOCKS : 
         }
     };
 
-    /* while the previous kernel may still run: the phases issued first into L2, and the scale
-     * table and zero unit (the item and pointer tables read above come from the host). The
-     * next kernel may launch at once: its blocks take SMs as this kernel's blocks leave them
-     * (a grid of at most one block per SM is kept from doubling up by its shared memory, see
-     * pdl_one_per_sm_smem). Triggered after the main loop instead, M = 1..16 was 2-6% slower
-     * (14336x4096 M = 1: 16.2-16.3 against 15.3-15.4 us). */
+    /* while the previous kernel may still run: the first phases' weights into the register
+     * ring, the scale table and the zero unit (the item and pointer tables read above come
+     * from the host). launch_wa lets this kernel start early (programmatic dependent launch)
+     * only where the weights are settled (b_settled: nothing still running writes them), so
+     * these loads cannot see weights that are being written; everything else waits for
+     * pdl_wait. The next kernel may launch at once: its blocks take SMs as this kernel's
+     * blocks leave them (a grid of at most one block per SM is kept from doubling up by its
+     * shared memory, see pdl_one_per_sm_smem). Triggered after the main loop instead, M =
+     * 1..16 was 2-6% slower (14336x4096 M = 1: 16.2-16.3 against 15.3-15.4 us). Issuing the
+     * first loads here rather than after pdl_wait (which left only an L2 prefetch of the
+     * first ~1.2 KB here) took, on an H200 in the bench's chain, 4096x14336 at M = 1 from
+     * 13.23-13.32 to 12.58-12.87 us; prefetching two or six further phases' whole chunks
+     * into L2 here as well was 5% / 16% slower (docs/performance.md). */
     pdl_trigger();
-#pragma unroll
-    for (int d = 0; d < WA_DEPTH - 1; d++)
-        if (d < nph)
-#pragma unroll
-            for (int r = 0; r < 2; r++) {
-                /* in the stream layout these offsets stay inside the first phase's chunk and
-                 * cover its first ~1.2 KB: on an H200 prefetching that whole chunk was 1-2%
-                 * slower at M = 1, and both phases' chunks 2-3% (the prefetches run beside the
-                 * previous kernel's tail) */
-                prefetch_l2(wp[r] + d * (WA_PHASE / 2));
-                prefetch_l2(wp[r] + d * (WA_PHASE / 2) + 64);
-                if (F16) {
-                    prefetch_l2(sp_[r] + d * sc_phase);
-                    prefetch_l2(sp_[r] + d * sc_phase + sc_chunk);
-                } else if (r == 0) {
-                    prefetch_l2(sp_[0] + d * sstep);
-                }
-            }
-    for (int b = threadIdx.x; b < 256; b += blockDim.x) wa_stab[b] = BNV ? nv_scale_folded1<F16>((uint32_t)b) : mx_scale_pair((uint32_t)b);
-    if (threadIdx.x == 0) wa_zero = make_uint4(0, 0, 0, 0);
-    pdl_wait();
-
     uint4 cw[WA_DEPTH][2][2];
     uint32_t cs[WA_DEPTH][2];
 #pragma unroll
     for (int d = 0; d < WA_DEPTH - 1; d++) issue(d, cw[d], cs[d]);
+    for (int b = threadIdx.x; b < 256; b += blockDim.x) wa_stab[b] = BNV ? nv_scale_folded1<F16>((uint32_t)b) : mx_scale_pair((uint32_t)b);
+    if (threadIdx.x == 0) wa_zero = make_uint4(0, 0, 0, 0);
+    pdl_wait();
 
     const uint32_t pow2_126 = bf16x2_bits(__floats2bfloat162_rn(0x1p126f, 0x1p126f));
     const uint32_t stab = (uint32_t)__cvta_generic_to_shared(wa_stab);
@@ -3446,12 +3434,12 @@ static bool pdl_enabled(void)
 
 extern "C" int fp4d_cuda_pdl_active(void) { return pdl_enabled() ? 1 : 0; }
 
-/* kernel<<<grid, block, smem, s>>>(args...), with programmatic dependent launch where enabled
- * (only for kernels that call pdl_wait() before their first dependent access, see pdl_wait),
- * in clusters of cluster_y blocks along y where cluster_y > 1 */
+/* kernel<<<grid, block, smem, s>>>(args...), with programmatic dependent launch where `early`
+ * and enabled (only for kernels that call pdl_wait() before their first dependent access, see
+ * pdl_wait), in clusters of cluster_y blocks along y where cluster_y > 1 */
 template <typename... Params, typename... Args>
 static cudaError_t launch_pdl_clusters(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t s,
-                                       unsigned cluster_y, Args... args)
+                                       unsigned cluster_y, bool early, Args... args)
 {
     cudaLaunchAttribute attrs[2] = {};
     cudaLaunchConfig_t cfg = {};
@@ -3460,7 +3448,7 @@ static cudaError_t launch_pdl_clusters(void (*kernel)(Params...), dim3 grid, dim
     cfg.dynamicSmemBytes = smem;
     cfg.stream = s;
     cfg.attrs = attrs;
-    if (pdl_enabled()) {
+    if (early && pdl_enabled()) {
         attrs[cfg.numAttrs].id = cudaLaunchAttributeProgrammaticStreamSerialization;
         attrs[cfg.numAttrs++].val.programmaticStreamSerializationAllowed = 1;
     }
@@ -3477,7 +3465,7 @@ template <typename... Params, typename... Args>
 static cudaError_t launch_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t s,
                               Args... args)
 {
-    return launch_pdl_clusters(kernel, grid, block, smem, s, 1u, args...);
+    return launch_pdl_clusters(kernel, grid, block, smem, s, 1u, true, args...);
 }
 
 /* The wgmma kernel runs on compute capability 9.0 when its sm_90a code is in the binary;
@@ -4286,8 +4274,10 @@ static int launch_wa(const fp4d_skinny_args *args, cudaStream_t s, unsigned *clu
         return cudaSuccess;
     }
     const size_t smem = clustered ? cluster_smem : pdl_one_per_sm_smem(staging, blocks);
+    /* early (programmatic dependent launch) only with settled weights: the kernel loads its
+     * first weights before pdl_wait */
     return (int)launch_pdl_clusters(wa_kernel<AK, BNV, MT, KH>, grid, dim3(WA_WARPS * 32 * KH), smem, s, cluster_y,
-                                    *args);
+                                    args->b_settled != 0, *args);
 }
 
 template <int AK, bool BNV> static int launch_wa_rows(const fp4d_skinny_args *args, cudaStream_t s, unsigned *cluster)

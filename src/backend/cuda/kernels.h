@@ -147,6 +147,11 @@ typedef struct fp4d_skinny_args {
     int32_t  splits;
     float   *partials;
     uint32_t *counters;               /* zeroed once; the kernel leaves them zero */
+    /* 1: nothing that may still run on the device writes the weights (they were made before
+     * the host last waited for the device, as a server's are at load time), so the
+     * weight-streaming kernel loads its first ones before it waits for the kernel before it
+     * (programmatic dependent launch); 0: only after */
+    int32_t  b_settled;
 } fp4d_skinny_args;
 
 /* Scratch sizes for a launch (partials in bytes, counters in uint32 elements). */
