@@ -754,7 +754,7 @@ __device__ __forceinline__ void dk_load_a_fp4(const fp4d_skinny_args &p, int64_t
  */
 constexpr int SPLITK_BATCH = 4; /* splits whose partial sums one thread loads at once */
 
-template <int NT, typename Ok>
+template <int NT, int BATCH, typename Ok>
 __device__ __forceinline__ bool splitk_last_block(const fp4d_skinny_args &p, int64_t tile, int slots, int warp,
                                                   int lane, float (&acc)[NT][4], Ok ok)
 {
@@ -772,14 +772,14 @@ __device__ __forceinline__ bool splitk_last_block(const fp4d_skinny_args &p, int
     __syncthreads();
     if (prev != (uint32_t)p.splits - 1) return false;
     __threadfence();
-    /* the loads of SPLITK_BATCH splits at a time are all issued before their sums: one L2
+    /* the loads of BATCH splits at a time are all issued before their sums: one L2
      * round trip per batch, where a load-then-add per split and element was one each (on an
      * H200, 4096x14336 at M = 4 14.1 -> 13.4 us, M = 16 18.9 -> 17.6) */
     float sum[NT][4] = {};
-    for (int sp0 = 0; sp0 < p.splits; sp0 += SPLITK_BATCH) {
-        float v[SPLITK_BATCH][NT][4];
+    for (int sp0 = 0; sp0 < p.splits; sp0 += BATCH) {
+        float v[BATCH][NT][4];
 #pragma unroll
-        for (int i = 0; i < SPLITK_BATCH; i++)
+        for (int i = 0; i < BATCH; i++)
 #pragma unroll
             for (int t = 0; t < NT; t++)
 #pragma unroll
@@ -788,7 +788,7 @@ __device__ __forceinline__ bool splitk_last_block(const fp4d_skinny_args &p, int
                                      ? __ldcg(base + (int64_t)(sp0 + i) * slots + ((warp * NT + t) * 4 + e) * 32 + lane)
                                      : 0.0f;
 #pragma unroll
-        for (int i = 0; i < SPLITK_BATCH; i++)
+        for (int i = 0; i < BATCH; i++)
             if (sp0 + i < p.splits)
 #pragma unroll
                 for (int t = 0; t < NT; t++)
@@ -1026,7 +1026,7 @@ __global__ void __launch_bounds__(DK_WARPS * 32, 3) decode_kernel(const fp4d_ski
 
     /* rows of each accumulator element: e < 2 row g, e >= 2 row g + 8 */
     auto row_ok = [&](int e) { return e < 2 ? lo_valid : hi_valid; };
-    if (p.splits > 1 && !splitk_last_block<DK_NT>(p, (int64_t)blockIdx.z * gridDim.x + blockIdx.x, DK_SLOTS, warp, lane,
+    if (p.splits > 1 && !splitk_last_block<DK_NT, SPLITK_BATCH>(p, (int64_t)blockIdx.z * gridDim.x + blockIdx.x, DK_SLOTS, warp, lane,
                                                    acc, [&](int, int e) { return row_ok(e); }))
         return;
 
@@ -1076,6 +1076,12 @@ constexpr int WA_PHASE = 256;           /* k per phase: 128 bytes of each weight
 constexpr int WA_DEPTH = 3;             /* register buffers: phases in flight + 1 */
 constexpr int WA_SMEM_MAX = 96 * 1024;  /* staged activations per block (two blocks per SM) */
 constexpr int WA_MIN_BLOCKS = 16 / WA_WARPS; /* resident blocks per SM the registers must allow */
+/* splits' partials the last block of a tile loads at once, by token tiles: eight (one round
+ * trip for up to 8 splits) where each thread holds 4 sums; with 8 sums per thread (M > 8) that
+ * was slower on an H200 (4096x14336 M = 16 17.8-18.0 -> 18.3-18.7 us, 7168x18432 34.3-34.6 ->
+ * 36.3-36.5), so four there. Eight at M <= 8: 4096x14336 M = 1 12.9-13.0 -> 12.5 us in two of
+ * three rounds, M = 4 13.4-13.5 -> 13.0-13.2, M = 8 13.8-13.9 -> 13.4-13.7. */
+template <int MT> constexpr int wa_splitk_batch() { return MT == 1 ? 8 : SPLITK_BATCH; }
 constexpr int WA_STAGE_BATCH = 8;       /* activation loads in flight per thread while staging */
 /* Stream layout of the codes (fp4d_cuda_stream_codes): the 16 rows x 128 bytes that one warp
  * loads per phase form one contiguous chunk - piece (c, r) of lane l (row g + 8r, bytes
@@ -1442,7 +1448,7 @@ __global__ void __launch_bounds__(WA_WARPS * 32 * KH, KH == 1 ? WA_MIN_BLOCKS : 
         return;
     }
     if (p.splits > 1 &&
-        !splitk_last_block<MT>(p, (int64_t)blockIdx.z * gridDim.x + blockIdx.x, SLOTS, warp, lane, acc, ok))
+        !splitk_last_block<MT, wa_splitk_batch<MT>()>(p, (int64_t)blockIdx.z * gridDim.x + blockIdx.x, SLOTS, warp, lane, acc, ok))
         return;
 
 #pragma unroll
