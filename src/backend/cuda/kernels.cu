@@ -1026,8 +1026,9 @@ __global__ void __launch_bounds__(DK_WARPS * 32, 3) decode_kernel(const fp4d_ski
 
     /* rows of each accumulator element: e < 2 row g, e >= 2 row g + 8 */
     auto row_ok = [&](int e) { return e < 2 ? lo_valid : hi_valid; };
-    if (p.splits > 1 && !splitk_last_block<DK_NT, SPLITK_BATCH>(p, (int64_t)blockIdx.z * gridDim.x + blockIdx.x, DK_SLOTS, warp, lane,
-                                                   acc, [&](int, int e) { return row_ok(e); }))
+    if (p.splits > 1 &&
+        !splitk_last_block<DK_NT, SPLITK_BATCH>(p, (int64_t)blockIdx.z * gridDim.x + blockIdx.x, DK_SLOTS, warp, lane,
+                                                acc, [&](int, int e) { return row_ok(e); }))
         return;
 
     const float unfold = skinny_unfold<AK, BNV>(p), alpha = p.alpha[it.expert];
@@ -1448,7 +1449,8 @@ __global__ void __launch_bounds__(WA_WARPS * 32 * KH, KH == 1 ? WA_MIN_BLOCKS : 
         return;
     }
     if (p.splits > 1 &&
-        !splitk_last_block<MT, wa_splitk_batch<MT>()>(p, (int64_t)blockIdx.z * gridDim.x + blockIdx.x, SLOTS, warp, lane, acc, ok))
+        !splitk_last_block<MT, wa_splitk_batch<MT>()>(p, (int64_t)blockIdx.z * gridDim.x + blockIdx.x, SLOTS, warp,
+                                                      lane, acc, ok))
         return;
 
 #pragma unroll
