@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "replace_file.h"
 
 int cli_fail(int code, const char *cmd, const char *fmt, ...)
 {
@@ -110,29 +111,15 @@ FILE *cli_open_output(const char *cmd, const char *path)
     /* beside a regular file of one link, or a new one; else - or where no temporary file can be
      * made (a directory we may not write, a name at the length limit) - in place, as before */
     if (final_path && (!exists || (S_ISREG(st.st_mode) && st.st_nlink == 1))) {
-        const size_t n = strlen(path) + sizeof ".tmp-XXXXXX";
-        tmp = malloc(n);
-        if (tmp) {
-            snprintf(tmp, n, "%s.tmp-XXXXXX", path);
-            fd = mkstemp(tmp);
-        }
-        if (fd < 0) {
-            free(tmp);
-            tmp = NULL;
-        } else {
-            const mode_t mask = umask(0);
-            umask(mask);
-            (void)fchmod(fd, exists ? (st.st_mode & 07777) : (0666 & ~mask)); /* as fopen would create it */
-        }
+        const mode_t mask = umask(0);
+        umask(mask);
+        /* the old file's permissions, or those fopen would give a new one */
+        fd = fp4d_replace_begin(path, exists ? (st.st_mode & 07777) : (0666 & ~mask), &tmp);
     }
     FILE *f = fd >= 0 ? fdopen(fd, "w") : fopen(path, "w");
     if (!f) {
         const int err = errno;
-        if (fd >= 0) {
-            close(fd);
-            unlink(tmp);
-        }
-        free(tmp);
+        if (fd >= 0) fp4d_replace_abort(fd, tmp);
         free(final_path);
         cli_fail(FP4D_EXIT_INPUT, cmd, "cannot write '%s': %s", path, strerror(err));
         return NULL;
@@ -154,8 +141,15 @@ int cli_close_output(FILE *f)
     bool ok = fflush(f) == 0 && !ferror(f);
     int err = ok ? 0 : (errno ? errno : EIO);
     if (f != stdout && fclose(f) != 0 && ok) ok = false, err = errno;
-    if (ok && p && p->tmp && rename(p->tmp, p->path) != 0) ok = false, err = errno;
-    if (!ok && p && p->tmp) unlink(p->tmp);
+    if (p && p->tmp) { /* fclose above has closed the temporary file */
+        if (ok) {
+            err = fp4d_replace_commit(-1, p->tmp, p->path, false);
+            ok = err == 0;
+        } else {
+            fp4d_replace_abort(-1, p->tmp);
+        }
+        p->tmp = NULL;
+    }
     int rc = FP4D_EXIT_OK;
     if (!ok && p) rc = cli_fail(FP4D_EXIT_INPUT, p->cmd, "cannot write '%s': %s", p->path, strerror(err));
     else if (!ok) rc = cli_fail(FP4D_EXIT_INPUT, stdout_cmd, "cannot write %s: %s", f == stdout ? "standard output" : "a report",
@@ -172,6 +166,9 @@ void cli_discard_output(FILE *f)
     }
     pending_output *p = find_pending(f);
     fclose(f);
-    if (p && p->tmp) unlink(p->tmp);
+    if (p && p->tmp) {
+        fp4d_replace_abort(-1, p->tmp);
+        p->tmp = NULL;
+    }
     if (p) forget_pending(p);
 }

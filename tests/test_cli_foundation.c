@@ -552,15 +552,7 @@ static void test_bench_host_backends(void **state)
 }
 
 /* Files in dir whose names start with `prefix` (leftover temporary reports). */
-static int files_starting_with(const char *prefix)
-{
-    DIR *d = opendir(dir);
-    assert_non_null(d);
-    int n = 0;
-    for (struct dirent *e; (e = readdir(d));) n += strncmp(e->d_name, prefix, strlen(prefix)) == 0;
-    closedir(d);
-    return n;
-}
+static int files_starting_with(const char *prefix) { return tu_count_prefixed(dir, prefix); }
 
 /* --json reports are written beside the target and renamed over it when complete: a run that
  * fails (scan of a missing checkpoint, probe of an unusable URL) leaves the previous report as

@@ -1,11 +1,12 @@
 /*
  * Helpers shared by the test programs: reading a whole file, running a shell command and
- * capturing its stdout, and a monotonic clock. Header-only so that every test program can use
+ * capturing its stdout, a monotonic clock, and counting the files of a folder by name. Header-only so that every test program can use
  * it without a library of its own.
  */
 #ifndef FP4D_TEST_UTIL_H
 #define FP4D_TEST_UTIL_H
 
+#include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -68,6 +69,18 @@ static inline double tu_now_s(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Entries of folder `dir` whose names start with `prefix` (e.g. temporary files left
+ * behind); -1 if the folder cannot be read. */
+static inline int tu_count_prefixed(const char *dir, const char *prefix)
+{
+    DIR *d = opendir(dir);
+    if (!d) return -1;
+    int n = 0;
+    for (struct dirent *e; (e = readdir(d));) n += strncmp(e->d_name, prefix, strlen(prefix)) == 0;
+    closedir(d);
+    return n;
 }
 
 #endif

@@ -30,6 +30,7 @@
 
 #include "backend/gpu_info.h"
 #include "backend/verdict_cache.h"
+#include "replace_file.h"
 #include "internal.h"
 
 #define FP4D_CACHE_SCHEMA_VERSION 1
@@ -202,24 +203,20 @@ fp4d_status fp4d_verdict_cache_put(const char *backend, int device, const fp4d_c
         return fp4d_set_error(FP4D_STATUS_NOMEM, "verdict cache: out of memory");
     }
 
-    char tmp_path[4200];
-    snprintf(tmp_path, sizeof tmp_path, "%s.tmp.%ld", path, (long)getpid());
-    int fd = open(tmp_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    char *tmp = NULL;
+    const int fd = fp4d_replace_begin(path, 0600, &tmp);
     if (fd < 0) {
+        const int err = errno;
         json_decref(root);
-        return fp4d_set_error(FP4D_STATUS_IO, "verdict cache: cannot write '%s': %s", tmp_path,
-                              strerror(errno));
+        return fp4d_set_error(FP4D_STATUS_IO, "verdict cache: cannot write a temporary file beside '%s': %s", path,
+                              strerror(err));
     }
     int rc = json_dumpfd(root, fd, JSON_INDENT(2) | JSON_SORT_KEYS);
     json_decref(root);
     if (rc == 0 && write(fd, "\n", 1) != 1) rc = -1;
-    if (rc == 0 && fsync(fd) != 0) rc = -1;
-    if (close(fd) != 0) rc = -1;
-    if (rc != 0 || rename(tmp_path, path) != 0) {
-        int err = errno;
-        unlink(tmp_path);
-        return fp4d_set_error(FP4D_STATUS_IO, "verdict cache: cannot replace '%s': %s", path,
-                              strerror(err));
-    }
+    int err = EIO;
+    if (rc == 0) err = fp4d_replace_commit(fd, tmp, path, true);
+    else fp4d_replace_abort(fd, tmp);
+    if (err) return fp4d_set_error(FP4D_STATUS_IO, "verdict cache: cannot replace '%s': %s", path, strerror(err));
     return FP4D_STATUS_OK;
 }

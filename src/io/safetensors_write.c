@@ -21,6 +21,7 @@
 
 #include "fp4doctor/io.h"
 #include "internal.h"
+#include "replace_file.h"
 
 typedef struct st_write_entry {
     char         *name;
@@ -202,51 +203,25 @@ fp4d_status fp4d_st_writer_save(fp4d_st_writer *w, const char *path)
         return s;
     }
 
-    /* The temporary file lives next to the destination so that rename() is atomic (same
-     * file system). */
-    size_t plen = strlen(path);
-    char *tmp = malloc(plen + 16);
-    if (!tmp) {
-        free(order);
-        free(header);
-        return fp4d_set_error(FP4D_STATUS_NOMEM, "safetensors writer: out of memory");
-    }
-    memcpy(tmp, path, plen);
-    memcpy(tmp + plen, ".tmp.XXXXXX", 12);
-    int fd = mkstemp(tmp);
+    char *tmp = NULL;
+    const int fd = fp4d_replace_begin(path, 0644, &tmp); /* an output file is meant to be shared */
     if (fd < 0) {
         s = fp4d_set_error(FP4D_STATUS_IO, "cannot create a temporary file next to '%s': %s", path,
                            strerror(errno));
         free(order);
         free(header);
-        free(tmp);
         return s;
     }
-    (void)fchmod(fd, 0644); /* mkstemp makes 0600; an output file is meant to be shared */
 
     uint8_t len_le[8];
     for (int i = 0; i < 8; i++) len_le[i] = (uint8_t)((uint64_t)header_len >> (8 * i));
     bool ok = st_write_all(fd, len_le, 8) && st_write_all(fd, header, header_len);
     for (size_t i = 0; ok && i < w->count; i++) ok = st_write_all(fd, order[i]->data, order[i]->nbytes);
-    int saved_errno = errno;
-    if (ok && fsync(fd) != 0) {
-        ok = false;
-        saved_errno = errno;
-    }
-    if (close(fd) != 0 && ok) {
-        ok = false;
-        saved_errno = errno;
-    }
-    if (ok && rename(tmp, path) != 0) {
-        ok = false;
-        saved_errno = errno;
-    }
-    if (!ok) {
-        unlink(tmp);
-        s = fp4d_set_error(FP4D_STATUS_IO, "cannot write '%s': %s", path, strerror(saved_errno));
-    }
+    int err = errno;
+    if (!ok) fp4d_replace_abort(fd, tmp);
+    else err = fp4d_replace_commit(fd, tmp, path, true);
+    if (!ok || err) s = fp4d_set_error(FP4D_STATUS_IO, "cannot write '%s': %s", path, strerror(err ? err : EIO));
     free(order);
     free(header);
-    free(tmp);
     return s;
 }

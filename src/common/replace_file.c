@@ -1,0 +1,48 @@
+#include "replace_file.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+int fp4d_replace_begin(const char *path, mode_t mode, char **tmp)
+{
+    *tmp = NULL;
+    const size_t n = strlen(path) + sizeof ".tmp-XXXXXX";
+    char *name = malloc(n);
+    if (!name) {
+        errno = ENOMEM;
+        return -1;
+    }
+    snprintf(name, n, "%s.tmp-XXXXXX", path);
+    const int fd = mkstemp(name); /* O_EXCL, mode 0600: nobody else's file is ever reused */
+    if (fd < 0) {
+        const int err = errno;
+        free(name);
+        errno = err;
+        return -1;
+    }
+    (void)fchmod(fd, mode); /* mkstemp's 0600 is for the name's lifetime, not the file's */
+    *tmp = name;
+    return fd;
+}
+
+int fp4d_replace_commit(int fd, char *tmp, const char *path, bool sync)
+{
+    int err = 0;
+    if (fd >= 0 && sync && fsync(fd) != 0) err = errno;
+    if (fd >= 0 && close(fd) != 0 && !err) err = errno;
+    if (!err && rename(tmp, path) != 0) err = errno;
+    if (err) unlink(tmp);
+    free(tmp);
+    return err;
+}
+
+void fp4d_replace_abort(int fd, char *tmp)
+{
+    if (fd >= 0) close(fd);
+    if (tmp) unlink(tmp);
+    free(tmp);
+}

@@ -1,0 +1,158 @@
+/* Files replaced whole (src/common/replace_file.h): the new file appears under the
+ * destination's name only once complete, with the permissions asked for; a replacement given up
+ * or failing leaves the old file as it was; no temporary file is ever left behind. */
+#include <errno.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <cmocka.h>
+
+#include "replace_file.h"
+#include "test_util.h"
+
+static char dir[] = "/tmp/fp4d_replace_XXXXXX";
+
+static void path_in_dir(char *out, size_t n, const char *name) { snprintf(out, n, "%s/%s", dir, name); }
+
+static void write_text(const char *path, const char *text)
+{
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs(text, f);
+    assert_int_equal(fclose(f), 0);
+}
+
+/* The whole file as a string (the tests' files are small), or NULL if it cannot be read. */
+static char *read_text(const char *path)
+{
+    static char buf[256];
+    FILE *f = fopen(path, "r");
+    if (!f) return NULL;
+    const size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    return buf;
+}
+
+/* Temporary files left in the test directory (every file there is named <name>.tmp-XXXXXX
+ * while it is one). */
+static int leftovers(void)
+{
+    static const char *const names[] = {"a.json", "b.json", "keep.txt", "sub"};
+    int n = 0;
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        char prefix[64];
+        snprintf(prefix, sizeof prefix, "%s.tmp", names[i]);
+        n += tu_count_prefixed(dir, prefix);
+    }
+    return n;
+}
+
+static void write_fd(int fd, const char *text) { assert_int_equal(write(fd, text, strlen(text)), (ssize_t)strlen(text)); }
+
+static void test_commit_replaces_with_the_mode_asked_for(void **state)
+{
+    (void)state;
+    char path[600];
+    path_in_dir(path, sizeof path, "a.json");
+    write_text(path, "old");
+    char *tmp = NULL;
+    const int fd = fp4d_replace_begin(path, 0640, &tmp);
+    assert_true(fd >= 0);
+    assert_non_null(tmp);
+    assert_int_equal(strncmp(tmp, path, strlen(path)), 0); /* beside it: same directory */
+    write_fd(fd, "new");
+    assert_string_equal(read_text(path), "old"); /* not yet */
+    assert_int_equal(fp4d_replace_commit(fd, tmp, path, true), 0);
+    assert_string_equal(read_text(path), "new");
+    struct stat st;
+    assert_int_equal(stat(path, &st), 0);
+    assert_int_equal(st.st_mode & 07777, 0640);
+    assert_int_equal(leftovers(), 0);
+
+    /* a new file, closed by its writer (as fclose does for the CLI's reports) */
+    path_in_dir(path, sizeof path, "b.json");
+    const int fd2 = fp4d_replace_begin(path, 0604, &tmp);
+    assert_true(fd2 >= 0);
+    write_fd(fd2, "b");
+    assert_int_equal(close(fd2), 0);
+    assert_int_equal(fp4d_replace_commit(-1, tmp, path, false), 0);
+    assert_string_equal(read_text(path), "b");
+    assert_int_equal(stat(path, &st), 0);
+    assert_int_equal(st.st_mode & 07777, 0604);
+    assert_int_equal(leftovers(), 0);
+    unlink(path);
+    path_in_dir(path, sizeof path, "a.json");
+    unlink(path);
+}
+
+static void test_abort_keeps_the_old_file(void **state)
+{
+    (void)state;
+    char path[600];
+    path_in_dir(path, sizeof path, "keep.txt");
+    write_text(path, "precious");
+    char *tmp = NULL;
+    const int fd = fp4d_replace_begin(path, 0644, &tmp);
+    assert_true(fd >= 0);
+    write_fd(fd, "half a wri");
+    fp4d_replace_abort(fd, tmp);
+    assert_string_equal(read_text(path), "precious");
+    assert_int_equal(leftovers(), 0);
+    unlink(path);
+}
+
+static void test_failures_are_errors_and_leave_nothing(void **state)
+{
+    (void)state;
+    /* no directory to put the temporary file in */
+    char path[600];
+    path_in_dir(path, sizeof path, "missing/x.json");
+    char *tmp = (char *)"unchanged";
+    assert_int_equal(fp4d_replace_begin(path, 0644, &tmp), -1);
+    assert_int_equal(errno, ENOENT);
+    assert_null(tmp);
+
+    /* the destination is a non-empty directory: rename fails, the directory stays */
+    char sub[600], inner[700];
+    path_in_dir(sub, sizeof sub, "sub");
+    assert_int_equal(mkdir(sub, 0755), 0);
+    snprintf(inner, sizeof inner, "%s/f", sub);
+    write_text(inner, "inside");
+    const int fd = fp4d_replace_begin(sub, 0644, &tmp);
+    assert_true(fd >= 0);
+    write_fd(fd, "data");
+    assert_int_not_equal(fp4d_replace_commit(fd, tmp, sub, true), 0);
+    assert_string_equal(read_text(inner), "inside");
+    assert_int_equal(leftovers(), 0);
+    unlink(inner);
+    rmdir(sub);
+}
+
+static int setup(void **state)
+{
+    (void)state;
+    return mkdtemp(dir) ? 0 : -1;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    return rmdir(dir);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_commit_replaces_with_the_mode_asked_for),
+        cmocka_unit_test(test_abort_keeps_the_old_file),
+        cmocka_unit_test(test_failures_are_errors_and_leave_nothing),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
