@@ -1,6 +1,7 @@
 #include "replace_file.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,7 +18,9 @@ int fp4d_replace_begin(const char *path, mode_t mode, char **tmp)
         return -1;
     }
     snprintf(name, n, "%s.tmp-XXXXXX", path);
-    const int fd = mkstemp(name); /* O_EXCL, mode 0600: nobody else's file is ever reused */
+    /* O_EXCL and mode 0600: nobody else's file is ever reused; O_CLOEXEC: the check's children
+     * (fork + exec) do not inherit it */
+    const int fd = mkostemp(name, O_CLOEXEC);
     if (fd < 0) {
         const int err = errno;
         free(name);
