@@ -40,21 +40,23 @@ static char *read_text(const char *path)
     return buf;
 }
 
-/* Temporary files left in the test directory (every file there is named <name>.tmp-XXXXXX
- * while it is one). */
-static int leftovers(void)
+/* Temporary files left beside dir/name (named name.tmp-XXXXXX while they are one). */
+static int leftovers(const char *name)
 {
-    static const char *const names[] = {"a.json", "b.json", "keep.txt", "sub"};
-    int n = 0;
-    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
-        char prefix[64];
-        snprintf(prefix, sizeof prefix, "%s.tmp", names[i]);
-        n += tu_count_prefixed(dir, prefix);
-    }
-    return n;
+    char prefix[64];
+    snprintf(prefix, sizeof prefix, "%s.tmp", name);
+    return tu_count_prefixed(dir, prefix);
 }
 
-static void write_fd(int fd, const char *text) { assert_int_equal(write(fd, text, strlen(text)), (ssize_t)strlen(text)); }
+/* The replacement of `path` begun, `text` written to it; its descriptor. */
+static int begin_writing(const char *path, mode_t mode, const char *text, char **tmp)
+{
+    const int fd = fp4d_replace_begin(path, mode, tmp);
+    assert_true(fd >= 0);
+    assert_non_null(*tmp);
+    assert_int_equal(write(fd, text, strlen(text)), (ssize_t)strlen(text));
+    return fd;
+}
 
 static void test_commit_replaces_with_the_mode_asked_for(void **state)
 {
@@ -63,30 +65,25 @@ static void test_commit_replaces_with_the_mode_asked_for(void **state)
     path_in_dir(path, sizeof path, "a.json");
     write_text(path, "old");
     char *tmp = NULL;
-    const int fd = fp4d_replace_begin(path, 0640, &tmp);
-    assert_true(fd >= 0);
-    assert_non_null(tmp);
+    const int fd = begin_writing(path, 0640, "new", &tmp);
     assert_int_equal(strncmp(tmp, path, strlen(path)), 0); /* beside it: same directory */
-    write_fd(fd, "new");
     assert_string_equal(read_text(path), "old"); /* not yet */
     assert_int_equal(fp4d_replace_commit(fd, tmp, path, true), 0);
     assert_string_equal(read_text(path), "new");
     struct stat st;
     assert_int_equal(stat(path, &st), 0);
     assert_int_equal(st.st_mode & 07777, 0640);
-    assert_int_equal(leftovers(), 0);
+    assert_int_equal(leftovers("a.json"), 0);
 
     /* a new file, closed by its writer (as fclose does for the CLI's reports) */
     path_in_dir(path, sizeof path, "b.json");
-    const int fd2 = fp4d_replace_begin(path, 0604, &tmp);
-    assert_true(fd2 >= 0);
-    write_fd(fd2, "b");
+    const int fd2 = begin_writing(path, 0604, "b", &tmp);
     assert_int_equal(close(fd2), 0);
     assert_int_equal(fp4d_replace_commit(-1, tmp, path, false), 0);
     assert_string_equal(read_text(path), "b");
     assert_int_equal(stat(path, &st), 0);
     assert_int_equal(st.st_mode & 07777, 0604);
-    assert_int_equal(leftovers(), 0);
+    assert_int_equal(leftovers("b.json"), 0);
     unlink(path);
     path_in_dir(path, sizeof path, "a.json");
     unlink(path);
@@ -99,12 +96,10 @@ static void test_abort_keeps_the_old_file(void **state)
     path_in_dir(path, sizeof path, "keep.txt");
     write_text(path, "precious");
     char *tmp = NULL;
-    const int fd = fp4d_replace_begin(path, 0644, &tmp);
-    assert_true(fd >= 0);
-    write_fd(fd, "half a wri");
+    const int fd = begin_writing(path, 0644, "half a wri", &tmp);
     fp4d_replace_abort(fd, tmp);
     assert_string_equal(read_text(path), "precious");
-    assert_int_equal(leftovers(), 0);
+    assert_int_equal(leftovers("keep.txt"), 0);
     unlink(path);
 }
 
@@ -125,12 +120,10 @@ static void test_failures_are_errors_and_leave_nothing(void **state)
     assert_int_equal(mkdir(sub, 0755), 0);
     snprintf(inner, sizeof inner, "%s/f", sub);
     write_text(inner, "inside");
-    const int fd = fp4d_replace_begin(sub, 0644, &tmp);
-    assert_true(fd >= 0);
-    write_fd(fd, "data");
+    const int fd = begin_writing(sub, 0644, "data", &tmp);
     assert_int_not_equal(fp4d_replace_commit(fd, tmp, sub, true), 0);
     assert_string_equal(read_text(inner), "inside");
-    assert_int_equal(leftovers(), 0);
+    assert_int_equal(leftovers("sub"), 0);
     unlink(inner);
     rmdir(sub);
 }
