@@ -385,7 +385,9 @@ static void test_cuda_wa_three_splits(void **state)
     static const int64_t shapes[][3] = {
         {1, 300, 4096}, {5, 129, 1536}, {8, 16, 7168}, {9, 200, 1024}, {16, 257, 2560}, {3, 7, 768},
     };
+    setenv("FP4DOCTOR_CUDA_WA_KSLICES", "0", 1); /* M <= 2 as splits too */
     small_m_sweep_with("FP4DOCTOR_CUDA_WA_SPLITS", "3", "wa (3 splits)", shapes, sizeof shapes / sizeof shapes[0]);
+    unsetenv("FP4DOCTOR_CUDA_WA_KSLICES");
 }
 
 #ifdef FP4D_TEST_CUDA_KERNELS
@@ -417,10 +419,12 @@ static void test_cuda_wa_two_warps_per_row_group(void **state)
         {1, 300, 4096}, {5, 129, 1536}, {8, 16, 7168}, {16, 257, 2560}, {3, 7, 768}, {2, 40, 256},
     };
     const size_t count = sizeof shapes / sizeof shapes[0];
+    setenv("FP4DOCTOR_CUDA_WA_KSLICES", "0", 1); /* M <= 2 in row groups too */
     small_m_sweep_with("FP4DOCTOR_CUDA_WA_HALVES", "2", "wa, two warps per row group", shapes, count);
     setenv("FP4DOCTOR_CUDA_WA_SPLITS", "1", 1);
     small_m_sweep_with("FP4DOCTOR_CUDA_WA_HALVES", "2", "wa, two warps per row group, one split", shapes, count);
     unsetenv("FP4DOCTOR_CUDA_WA_SPLITS");
+    unsetenv("FP4DOCTOR_CUDA_WA_KSLICES");
 #ifdef FP4D_TEST_CUDA_KERNELS
     /* the rule itself, on 132 SMs: 14336x4096 at M = 1 or 16 in one split (112 blocks of 16
      * phases) and 4096x4096 in one split (32 blocks of 16) take two; two splits of 14336x4096
@@ -532,6 +536,7 @@ static void test_cuda_wa_cluster_exchange(void **state)
     static const fp4d_dtype acts[] = {FP4D_DTYPE_BF16, FP4D_DTYPE_NVFP4, FP4D_DTYPE_F16, FP4D_DTYPE_MXFP4};
     const bool quick = getenv("FP4D_GPU_TEST_QUICK") != NULL;
     setenv("FP4DOCTOR_CUDA_GEMV_MAX_M", "0", 1); /* M = 1 to the stream kernel too */
+    setenv("FP4DOCTOR_CUDA_WA_KSLICES", "0", 1); /* M = 1 in splits too */
     int cases = 0, failures = 0;
     for (size_t si = 0; si < sizeof splits / sizeof splits[0]; si++)
         for (size_t hi = 0; hi < sizeof shapes / sizeof shapes[0]; hi++) {
@@ -579,7 +584,90 @@ static void test_cuda_wa_cluster_exchange(void **state)
             free_operand(&B);
         }
     unsetenv("FP4DOCTOR_CUDA_GEMV_MAX_M");
+    unsetenv("FP4DOCTOR_CUDA_WA_KSLICES");
     fprintf(stderr, "  cuda wa, cluster exchange: %d cases, %d failed\n", cases, failures);
+    assert_int_equal(failures, 0);
+    fp4d_backend_close(b);
+}
+
+/*
+ * K slices (fp4d_cuda_wa_kslices): a split grid of M <= 2 whose 16-row blocks all fit on the
+ * GPU at once runs each tile's K splits as eight warps of one block, summed in shared memory.
+ * Forced wherever it can run (1..8 tokens; 1, 2, 3, 6, 16 and 56 phases: some warps without a
+ * phase) against the reference; then, with 8 splits forced, against the split grid: eight
+ * slices are the same phases added in the same order, so the outputs must be bit-identical,
+ * for every activation type, both weight formats and every output type.
+ */
+static void test_cuda_wa_kslices(void **state)
+{
+    (void)state;
+    fp4d_backend_t b = open_or_skip("cuda");
+    if (!b) skip();
+#ifdef FP4D_TEST_CUDA_KERNELS
+    /* the rule on 132 SMs: 4096x14336 (256 16-row blocks, two per SM on compute capability
+     * 9.0) and 7168x18432 (448: more than fit) */
+    static const struct {
+        int64_t n, k;
+        int32_t max_rows, splits;
+        const char *env; /* FP4DOCTOR_CUDA_WA_KSLICES, or NULL */
+        int want;        /* -1: only known on compute capability 9.0, where it is 1 */
+    } rule[] = {
+        {4096, 14336, 1, 8, NULL, -1}, {4096, 14336, 2, 8, NULL, -1}, {4096, 14336, 3, 8, NULL, 0},
+        {4096, 14336, 3, 8, "1", 1},   {4096, 14336, 9, 8, "1", 0},   {4096, 14336, 1, 1, "1", 0},
+        {4096, 14336, 1, 8, "0", 0},   {7168, 18432, 1, 4, NULL, 0},
+    };
+    int major = 0;
+    assert_int_equal(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0), cudaSuccess);
+    for (size_t i = 0; i < sizeof rule / sizeof rule[0]; i++) {
+        fp4d_skinny_args a = args_14336x4096(rule[i].max_rows);
+        a.n = rule[i].n;
+        a.k = rule[i].k;
+        a.splits = rule[i].splits;
+        if (rule[i].env) setenv("FP4DOCTOR_CUDA_WA_KSLICES", rule[i].env, 1);
+        const int got = fp4d_cuda_wa_kslices(&a, 132);
+        unsetenv("FP4DOCTOR_CUDA_WA_KSLICES");
+        if (rule[i].want >= 0 || major == 9) assert_int_equal(got, rule[i].want >= 0 ? rule[i].want : 1);
+    }
+#endif
+    static const int64_t shapes[][3] = {
+        {1, 300, 4096}, {2, 129, 1536}, {5, 40, 2048}, {8, 16, 768}, {1, 7, 512}, {3, 257, 256}, {2, 33, 14336},
+    };
+    small_m_sweep_with("FP4DOCTOR_CUDA_WA_KSLICES", "1", "wa, K slices", shapes, sizeof shapes / sizeof shapes[0]);
+
+    static const int64_t same[][3] = {{1, 300, 4096}, {2, 129, 14336}, {1, 40, 2048}, {2, 257, 6144}};
+    static const fp4d_dtype acts[] = {FP4D_DTYPE_BF16, FP4D_DTYPE_NVFP4, FP4D_DTYPE_F16, FP4D_DTYPE_MXFP4};
+    setenv("FP4DOCTOR_CUDA_GEMV_MAX_M", "0", 1); /* M = 1 to the stream kernel too */
+    setenv("FP4DOCTOR_CUDA_WA_SPLITS", "8", 1);
+    int cases = 0, failures = 0;
+    for (size_t i = 0; i < sizeof same / sizeof same[0]; i++)
+        for (size_t ai = 0; ai < 4; ai++) {
+            const size_t rot = i + ai;
+            const int64_t M = same[i][0], N = same[i][1], K = same[i][2];
+            const fp4d_dtype at = acts[ai], bt = at == FP4D_DTYPE_F16 || rot % 2 ? FP4D_DTYPE_NVFP4 : FP4D_DTYPE_MXFP4;
+            const fp4d_dtype ot = out_types[rot % 3];
+            operand A, B;
+            make_operand(&A, at, layouts[rot % 3], M, K);
+            make_operand(&B, bt, layouts[(rot + 1) % 3], N, K);
+            setenv("FP4DOCTOR_CUDA_WA_KSLICES", "1", 1);
+            void *sliced = gemm_into_new(b, &A, &B, ot);
+            setenv("FP4DOCTOR_CUDA_WA_KSLICES", "0", 1);
+            void *split = gemm_into_new(b, &A, &B, ot);
+            unsetenv("FP4DOCTOR_CUDA_WA_KSLICES");
+            if (memcmp(sliced, split, (size_t)(M * N) * (ot == FP4D_DTYPE_F32 ? 4 : 2)) != 0) {
+                fprintf(stderr, "  %s x %s -> %s M=%lld N=%lld K=%lld: K slices and 8 splits differ\n",
+                        fp4d_dtype_get(at)->name, fp4d_dtype_get(bt)->name, fp4d_dtype_get(ot)->name, (long long)M,
+                        (long long)N, (long long)K);
+                failures++;
+            }
+            cases++;
+            free(sliced);
+            free(split);
+            free_operand(&A);
+            free_operand(&B);
+        }
+    unsetenv("FP4DOCTOR_CUDA_WA_SPLITS");
+    unsetenv("FP4DOCTOR_CUDA_GEMV_MAX_M");
+    fprintf(stderr, "  cuda wa, K slices against 8 splits: %d cases, %d differ\n", cases, failures);
     assert_int_equal(failures, 0);
     fp4d_backend_close(b);
 }
@@ -967,8 +1055,9 @@ static void chain_gemm(chain_bufs *cb, int which, const void *act, int64_t m, in
  * GEMM overwrites y while the second may still read it). Scaling by 2^i commutes with every
  * rounding here, so z_i must be exactly 2^i * z_0, bit for bit; a read of y too early (the
  * previous pair's y, or the NaN it starts as) breaks that. The last z is also checked
- * against the exact reference. M = 1 (K = 2080: the GEMV, then the stream kernel), 8 (the
- * stream kernel) and 64 (the register-decode wgmma kernel after its permute kernel).
+ * against the exact reference. M = 1 (K = 2080: the GEMV, then the stream kernel in K
+ * slices), 8 (the stream kernel, split) and 64 (the register-decode wgmma kernel after its
+ * permute kernel). Afterwards the split-K counters must be zero again.
  */
 static void test_cuda_pdl_chain(void **state)
 {
@@ -1026,6 +1115,16 @@ static void test_cuda_pdl_chain(void **state)
             chain_gemm(&cb, 1, cb.y, M, N2, N1, cb.alphas + CHAIN_PAIRS, alphas[CHAIN_PAIRS], FP4D_DTYPE_F32, cb.z[i], s);
         }
         assert_int_equal(cudaStreamSynchronize(s), cudaSuccess);
+        /* the split-K counters are handed back as they were given: zero */
+        uint32_t *counters = malloc(chain_counters * sizeof(uint32_t));
+        assert_non_null(counters);
+        assert_int_equal(cudaMemcpy(counters, cb.counters, chain_counters * sizeof(uint32_t), cudaMemcpyDeviceToHost),
+                         cudaSuccess);
+        size_t nonzero = 0;
+        for (size_t i = 0; i < chain_counters; i++) nonzero += counters[i] != 0;
+        free(counters);
+        if (nonzero) fprintf(stderr, "  M = %lld: %zu split-K counters left non-zero\n", (long long)M, nonzero);
+        assert_int_equal(nonzero, 0);
         float *z[CHAIN_PAIRS];
         uint16_t *y = malloc((size_t)(M * N1) * 2);
         assert_non_null(y);
@@ -1124,6 +1223,7 @@ int main(void)
         cmocka_unit_test(test_cuda_wa_two_warps_per_row_group),
         cmocka_unit_test(test_cuda_wa_wide_staging),
         cmocka_unit_test(test_cuda_wa_cluster_exchange),
+        cmocka_unit_test(test_cuda_wa_kslices),
         cmocka_unit_test(test_cuda_pdl_chain),
         cmocka_unit_test(test_cuda_quantize_bit_identical),
         cmocka_unit_test(test_cuda_e2m1_rounding_exhaustive),

@@ -1069,6 +1069,8 @@ __global__ void __launch_bounds__(DK_WARPS * 32, 3) decode_kernel(const fp4d_ski
  * Where a grid has at most one block per SM (fp4d_cuda_wa_warps_per_row_group), blocks have
  * two warps per 16-row group (KH = 2, 16 warps), each over half of the block's phases, their
  * sums added through shared memory: twice the warps per scheduler at the same registers.
+ * Blocks hold RG 16-row groups (WA_WARPS, except K slices: one group of KH = 8 warps in place
+ * of a split grid's eight K splits, see fp4d_cuda_wa_kslices).
  * ------------------------------------------------------------------------------------- */
 
 constexpr int WA_WARPS = 8;
@@ -1132,8 +1134,8 @@ __device__ __forceinline__ uint32_t lds32(uint32_t addr)
     return v;
 }
 
-template <int AK, bool BNV, int MT, int KH = 1>
-__global__ void __launch_bounds__(WA_WARPS * 32 * KH, KH == 1 ? WA_MIN_BLOCKS : 1) wa_kernel(const fp4d_skinny_args p)
+template <int AK, bool BNV, int MT, int KH = 1, int RG = WA_WARPS>
+__global__ void __launch_bounds__(RG * 32 * KH, KH == 1 || RG * KH == WA_WARPS ? WA_MIN_BLOCKS : 1) wa_kernel(const fp4d_skinny_args p)
 {
     constexpr bool F16 = AK == AK_F16;
     static_assert(BNV || !F16, "f16 activations with MXFP4 weights take the simt path");
@@ -1142,7 +1144,7 @@ __global__ void __launch_bounds__(WA_WARPS * 32 * KH, KH == 1 ? WA_MIN_BLOCKS : 
     __shared__ uint4 wa_zero;         /* B fragment of tokens past the item */
     /* KH > 1: KH warps per row group, each over its share of the block's phases (more warps
      * per SM at the same registers), summed through shared memory at the end */
-    const int lane = threadIdx.x & 31, warp = (threadIdx.x >> 5) % WA_WARPS, kh = KH > 1 ? (threadIdx.x >> 5) / WA_WARPS : 0;
+    const int lane = threadIdx.x & 31, warp = (threadIdx.x >> 5) % RG, kh = KH > 1 ? (threadIdx.x >> 5) / RG : 0;
     const int g = lane >> 2, t = lane & 3;
 
     const fp4d_skinny_item it = p.items[blockIdx.z];
@@ -1160,12 +1162,12 @@ __global__ void __launch_bounds__(WA_WARPS * 32 * KH, KH == 1 ? WA_MIN_BLOCKS : 
      * running pointers to the next phase to load: codes at +0 / +64 (chunks c = 0, 1: k +
      * 128c + 32t .. +31), scales at +0 / +sc_chunk (NVFP4: the u16 of blocks 8c + 2t and
      * 8c + 2t + 1; MXFP4: the byte of block 4c + t), advancing by sc_phase per phase */
-    const int64_t n_lo = (int64_t)blockIdx.x * WA_ROWS + warp * 16 + g, n_hi = n_lo + 8;
+    const int64_t n_lo = (int64_t)blockIdx.x * (RG * 16) + warp * 16 + g, n_hi = n_lo + 8;
     const int64_t r_lo = min(n_lo, N - 1), r_hi = min(n_hi, N - 1);
     /* natural codes (f16 activations): rows of K / 2 bytes; the stream layout: this warp's
      * 2 KB per phase, in the order of its lanes' loads (warps past the last row group read
      * the last one, like the clamped rows) */
-    const int64_t groups = (N + 15) / 16, group = min((int64_t)blockIdx.x * WA_WARPS + warp, groups - 1);
+    const int64_t groups = (N + 15) / 16, group = min((int64_t)blockIdx.x * RG + warp, groups - 1);
     const int64_t chunk0 = wa_chunk_index(group, ph0 + hph0, groups);
     const int64_t wstep = F16 ? WA_PHASE / 2 : groups * WA_STREAM_CHUNK; /* per phase */
     const uint8_t *wp[2] = {F16 ? bcodes + r_lo * (K / 2) + (ph0 + hph0) * (WA_PHASE / 2) + 16 * t
@@ -1272,7 +1274,7 @@ __global__ void __launch_bounds__(WA_WARPS * 32 * KH, KH == 1 ? WA_MIN_BLOCKS : 
                     }
                     if (++tok == mp) {
                         tok = 0;
-                        g16 += WA_WARPS * 32 * KH;
+                        g16 += RG * 32 * KH;
                         src16 = g16;
                         dst16 = wa_unit(2 * g16, 0, mp);
                     } else {
@@ -1309,7 +1311,7 @@ __global__ void __launch_bounds__(WA_WARPS * 32 * KH, KH == 1 ? WA_MIN_BLOCKS : 
                     if (g8 < groups) v[i] = __ldg(units + src);
                     if (++m == mp) {
                         m = 0;
-                        g8 += WA_WARPS * 32 * KH;
+                        g8 += RG * 32 * KH;
                         src = g8;
                         dst = wa_unit(g8, 0, mp);
                     } else {
@@ -1413,19 +1415,19 @@ __global__ void __launch_bounds__(WA_WARPS * 32 * KH, KH == 1 ? WA_MIN_BLOCKS : 
         for (int e = 0; e < 4; e++) acc[mt][e] += acc2[mt][e];
     if (KH > 1) {
         /* the other warps' sums of this row group, added in warp order (deterministic) */
-        __shared__ float wa_xsum[KH > 1 ? (KH - 1) * WA_WARPS * 32 * MT * 4 : 1];
+        __shared__ float wa_xsum[KH > 1 ? (KH - 1) * RG * 32 * MT * 4 : 1];
         if (kh > 0)
 #pragma unroll
             for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-                for (int e = 0; e < 4; e++) wa_xsum[((((kh - 1) * WA_WARPS + warp) * MT + mt) * 4 + e) * 32 + lane] = acc[mt][e];
+                for (int e = 0; e < 4; e++) wa_xsum[((((kh - 1) * RG + warp) * MT + mt) * 4 + e) * 32 + lane] = acc[mt][e];
         __syncthreads();
         if (kh == 0)
             for (int h = 1; h < KH; h++)
 #pragma unroll
                 for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-                    for (int e = 0; e < 4; e++) acc[mt][e] += wa_xsum[((((h - 1) * WA_WARPS + warp) * MT + mt) * 4 + e) * 32 + lane];
+                    for (int e = 0; e < 4; e++) acc[mt][e] += wa_xsum[((((h - 1) * RG + warp) * MT + mt) * 4 + e) * 32 + lane];
     }
 
     /* accumulator element e: weight row g (e < 2) or g + 8, token mt*8 + 2t + (e & 1); only
@@ -1434,7 +1436,7 @@ __global__ void __launch_bounds__(WA_WARPS * 32 * KH, KH == 1 ? WA_MIN_BLOCKS : 
         const int64_t n = e < 2 ? n_lo : n_hi;
         return kh == 0 && n < N && mt * 8 + 2 * t + (e & 1) < mp;
     };
-    constexpr int SLOTS = WA_WARPS * MT * 4 * 32;
+    constexpr int SLOTS = RG * MT * 4 * 32;
     const float unfold = skinny_unfold<AK, BNV>(p), alpha = p.alpha[it.expert];
     if (p.splits > 1 && cluster_blocks() == (uint32_t)p.splits) {
         /* the splits of this tile are this cluster (launch_wa): slot j is accumulator e of
@@ -1442,7 +1444,7 @@ __global__ void __launch_bounds__(WA_WARPS * 32 * KH, KH == 1 ? WA_MIN_BLOCKS : 
         if (KH == 1) __syncthreads(); /* every warp is done with the staged activations */
         splitk_cluster<MT>(p, reinterpret_cast<float *>(wa_act), SLOTS, warp, lane, kh == 0, acc, [&](int j, float sum) {
             const int l = j & 31, e = (j >> 5) & 3, mt = (j >> 7) % MT, w = (j >> 7) / MT;
-            const int64_t n = (int64_t)blockIdx.x * WA_ROWS + w * 16 + (l >> 2) + (e < 2 ? 0 : 8);
+            const int64_t n = (int64_t)blockIdx.x * (RG * 16) + w * 16 + (l >> 2) + (e < 2 ? 0 : 8);
             const int tok = mt * 8 + 2 * (l & 3) + (e & 1);
             if (n < N && tok < mp) store_out(p.out_type, p.out, ((int64_t)it.row0 + tok) * N + n, alpha * (sum * unfold));
         });
@@ -4252,11 +4254,11 @@ extern "C" int fp4d_cuda_wa_warps_per_row_group(const fp4d_skinny_args *args, in
 
 /* Launches the stream kernel on args - or, where `cluster` is not NULL, only sets it to the
  * blocks per cluster the launch would have (1: the splits exchange through global memory). */
-template <int AK, bool BNV, int MT, int KH>
+template <int AK, bool BNV, int MT, int KH, int RG = WA_WARPS>
 static int launch_wa(const fp4d_skinny_args *args, cudaStream_t s, unsigned *cluster)
 {
     const int64_t phases = args->k / WA_PHASE, pps = (phases + args->splits - 1) / args->splits;
-    const dim3 grid((unsigned)((args->n + WA_ROWS - 1) / WA_ROWS), (unsigned)args->splits, (unsigned)args->num_items);
+    const dim3 grid((unsigned)((args->n + RG * 16 - 1) / (RG * 16)), (unsigned)args->splits, (unsigned)args->num_items);
     const int64_t blocks = (int64_t)grid.x * grid.y * grid.z;
     if (args->splits > phases || !wa_staging_fits(pps, args->max_rows, blocks, args->splits, current_sm_count()))
         return (int)cudaErrorInvalidValue;
@@ -4265,16 +4267,16 @@ static int launch_wa(const fp4d_skinny_args *args, cudaStream_t s, unsigned *clu
      * on a device, so that no thread lowers it under another's launch */
     int sms = 0;
     const size_t padded = pdl_padded_smem(&sms), staged = (size_t)wa_smem_wide();
-    const cudaError_t e = cudaFuncSetAttribute(wa_kernel<AK, BNV, MT, KH>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    const cudaError_t e = cudaFuncSetAttribute(wa_kernel<AK, BNV, MT, KH, RG>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                (int)(padded > staged ? padded : staged));
     if (e != cudaSuccess) return (int)e;
     /* split grids exchange through the cluster's shared memory where that adds no wave: the
      * staging space then also holds the block's sums (WA_WARPS * MT * 4 * 32 floats) */
     const size_t staging = (size_t)args->max_rows * (size_t)pps * WA_PHASE * 2;
-    const size_t sums = (size_t)WA_WARPS * MT * 4 * 32 * sizeof(float);
+    const size_t sums = (size_t)RG * MT * 4 * 32 * sizeof(float);
     const size_t cluster_smem = pdl_one_per_sm_smem(staging > sums ? staging : sums, blocks);
     const bool clustered = wa_clusters_wanted(args->splits) &&
-                           cluster_launch_fits((const void *)wa_kernel<AK, BNV, MT, KH>, grid, WA_WARPS * 32 * KH,
+                           cluster_launch_fits((const void *)wa_kernel<AK, BNV, MT, KH, RG>, grid, RG * 32 * KH,
                                                cluster_smem, args->splits);
     const unsigned cluster_y = clustered ? (unsigned)args->splits : 1u;
     if (cluster) {
@@ -4284,12 +4286,50 @@ static int launch_wa(const fp4d_skinny_args *args, cudaStream_t s, unsigned *clu
     const size_t smem = clustered ? cluster_smem : pdl_one_per_sm_smem(staging, blocks);
     /* early (programmatic dependent launch) only with settled weights: the kernel loads its
      * first weights before pdl_wait */
-    return (int)launch_pdl_clusters(wa_kernel<AK, BNV, MT, KH>, grid, dim3(WA_WARPS * 32 * KH), smem, s, cluster_y,
+    return (int)launch_pdl_clusters(wa_kernel<AK, BNV, MT, KH, RG>, grid, dim3(RG * 32 * KH), smem, s, cluster_y,
                                     args->b_settled != 0, *args);
+}
+
+/*
+ * K slices: where the planner splits K over several blocks per 128-row tile, a grid of 16-row
+ * blocks whose eight warps each take an eighth of the block's K range (KH = 8, one row group)
+ * sums the slices through shared memory instead - no global partials, fence, counter or last
+ * block. Eight slices of a K range split eight ways are the same phases added in the same
+ * order as eight splits, so the bits are the same. The price: every block stages the
+ * activations of the whole K range, eight times what the split blocks of its tile stage
+ * together. On an H200 (bench, four rounds against the split grid in two runs; us):
+ *   - 4096x14336 M = 1 (256 blocks, one wave): 12.47-12.61 -> 11.14-11.27, W4A4 13.19-13.56
+ *     -> 11.85-12.06;
+ *   - M = 2: W4A4 13.58-13.79 -> 12.88-13.04, W4A16 0-1.5% slower (12.75-12.98 -> 12.92-13.00);
+ *   - M = 3: W4A4 13.68-13.87 -> 14.24-14.47 (each block stages and decodes the whole K);
+ *   - 4096x4096 M = 1: 7.37-7.39 -> 5.58-5.59, M = 2 7.74-7.78 -> 6.05-6.07 (W4A4 8.44-8.46 ->
+ *     6.50);
+ *   - 7168x18432 M = 1..2 (448 blocks: two waves) 21.5-22.0 -> 25.0-29.1.
+ * Hence the rule: M <= 2, a split grid, and all blocks resident at once.
+ * FP4DOCTOR_CUDA_WA_KSLICES=0 turns it off, =1 takes it wherever it can run (split grids of
+ * up to 8 tokens whose whole K range stages within WA_SMEM_MAX): A/B timing and tests.
+ */
+constexpr int WA_KSLICES = 8;
+
+extern "C" int fp4d_cuda_wa_kslices(const fp4d_skinny_args *args, int sm_count)
+{
+    const char *env = getenv("FP4DOCTOR_CUDA_WA_KSLICES");
+    const int forced = env ? atoi(env) : -1;
+    const int64_t phases = args->k / WA_PHASE;
+    if (forced == 0 || args->splits <= 1 || args->max_rows > 8 || phases > wa_max_phases_per_block(args->max_rows, false))
+        return 0;
+    if (forced == 1) return 1;
+    const int64_t blocks = (args->n + 15) / 16 * args->num_items;
+    return args->max_rows <= 2 && blocks <= (int64_t)(sm_count > 0 ? sm_count : 132) * wa_blocks_per_sm();
 }
 
 template <int AK, bool BNV> static int launch_wa_rows(const fp4d_skinny_args *args, cudaStream_t s, unsigned *cluster)
 {
+    if (fp4d_cuda_wa_kslices(args, (int)current_sm_count())) {
+        fp4d_skinny_args one = *args;
+        one.splits = 1;
+        return launch_wa<AK, BNV, 1, WA_KSLICES, 1>(&one, s, cluster);
+    }
     if (fp4d_cuda_wa_warps_per_row_group(args, (int)current_sm_count()) == 2)
         return args->max_rows > 8 ? launch_wa<AK, BNV, 2, 2>(args, s, cluster) : launch_wa<AK, BNV, 1, 2>(args, s, cluster);
     return args->max_rows > 8 ? launch_wa<AK, BNV, 2, 1>(args, s, cluster) : launch_wa<AK, BNV, 1, 1>(args, s, cluster);
