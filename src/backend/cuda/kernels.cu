@@ -1227,6 +1227,7 @@ __global__ void __launch_bounds__(RG * 32 * KH, KH == 1 || RG * KH == WA_WARPS ?
     for (int d = 0; d < WA_DEPTH - 1; d++) issue(d, cw[d], cs[d]);
     for (int b = threadIdx.x; b < 256; b += blockDim.x) wa_stab[b] = BNV ? nv_scale_folded1<F16>((uint32_t)b) : mx_scale_pair((uint32_t)b);
     if (threadIdx.x == 0) wa_zero = make_uint4(0, 0, 0, 0);
+    __syncthreads(); /* the table and the zero unit, for the staging and the loop */
     pdl_wait();
 
     const uint32_t pow2_126 = bf16x2_bits(__floats2bfloat162_rn(0x1p126f, 0x1p126f));
@@ -1239,7 +1240,13 @@ __global__ void __launch_bounds__(RG * 32 * KH, KH == 1 || RG * KH == WA_WARPS ?
          * in flight before the first is used (one at a time, the staging was a chain of L2
          * latencies; with the per-unit address arithmetic it was 47% of the stall samples
          * at M = 16) */
-        const int groups = nph_block * (WA_PHASE / 8);
+        /* each warp's own phases only: with KH > 1 the RG warps of one K share stage it and
+         * wait for each other alone (a named barrier; a single warp, none), so that no warp
+         * waits for the staging of phases it does not compute. On an H200 against one
+         * block-wide barrier, two rounds: K slices on 4096x14336 at M = 1 11.26-11.33 ->
+         * 11.06-11.21 us, M = 2 13.05-13.13 -> 12.78-12.92; 14336x4096 (KH = 2) even */
+        const int gthreads = RG * 32, gtid = threadIdx.x % gthreads;
+        const int g8_lo = hph0 * (WA_PHASE / 8), g8_hi = (hph0 + nph) * (WA_PHASE / 8);
         const int64_t kbase = ph0 * WA_PHASE;
         const int row_units = (int)(K / 8); /* 16-byte units per bf16/f16 token row */
         const bool nva = p.a_type == FP4D_DTYPE_NVFP4;
@@ -1250,16 +1257,15 @@ __global__ void __launch_bounds__(RG * 32 * KH, KH == 1 || RG * KH == WA_WARPS ?
             /* FP4: units in pairs, one 16-k piece (8 code bytes, one scale byte) per load
              * pair - half the loads and address arithmetic per unit, and twice the units per
              * batch in flight; the scale pair from the shared table where the activations'
-             * format is the weights' (filled by all threads before pdl_wait: hence the
-             * barrier first). On an H200 the per-unit staging made FP4 activations
+             * format is the weights' (filled by all threads before the barrier ahead of
+             * pdl_wait). On an H200 the per-unit staging made FP4 activations
              * 1.3 us dearer than bf16 ones on 14336x4096 at M = 2..4, 6 us on 7168x18432 at
              * M = 8; in pieces, same run: 14336x4096 W4A4 M = 4 13.2-13.4 -> 12.8 us, M = 16
              * 18.1 -> 17.0-17.1, 7168x18432 M = 8 27.3-27.5 -> 25.1-25.4, M = 16 38.3-39.2 ->
              * 36.2. */
-            __syncthreads();
-            const int pieces = groups / 2, row_pieces = (int)(K / 16);
+            const int pieces = g8_hi / 2, row_pieces = (int)(K / 16);
             const uint2 *codes2 = reinterpret_cast<const uint2 *>(codes);
-            int tok = 0, g16 = threadIdx.x, src16 = g16, dst16 = wa_unit(2 * g16, 0, mp);
+            int tok = 0, g16 = g8_lo / 2 + gtid, src16 = g16, dst16 = wa_unit(2 * g16, 0, mp);
             while (g16 < pieces) {
                 uint2 w[WA_STAGE_BATCH];
                 uint32_t sb[WA_STAGE_BATCH];
@@ -1274,7 +1280,7 @@ __global__ void __launch_bounds__(RG * 32 * KH, KH == 1 || RG * KH == WA_WARPS ?
                     }
                     if (++tok == mp) {
                         tok = 0;
-                        g16 += RG * 32 * KH;
+                        g16 += gthreads;
                         src16 = g16;
                         dst16 = wa_unit(2 * g16, 0, mp);
                     } else {
@@ -1301,17 +1307,17 @@ __global__ void __launch_bounds__(RG * 32 * KH, KH == 1 || RG * KH == WA_WARPS ?
                 }
             }
         } else {
-            int m = 0, g8 = threadIdx.x, src = g8, dst = wa_unit(g8, 0, mp);
-            while (g8 < groups) {
+            int m = 0, g8 = g8_lo + gtid, src = g8, dst = wa_unit(g8, 0, mp);
+            while (g8 < g8_hi) {
                 int to[WA_STAGE_BATCH];
                 uint4 v[WA_STAGE_BATCH];
 #pragma unroll
                 for (int i = 0; i < WA_STAGE_BATCH; i++) {
-                    to[i] = g8 < groups ? dst : -1;
-                    if (g8 < groups) v[i] = __ldg(units + src);
+                    to[i] = g8 < g8_hi ? dst : -1;
+                    if (g8 < g8_hi) v[i] = __ldg(units + src);
                     if (++m == mp) {
                         m = 0;
-                        g8 += RG * 32 * KH;
+                        g8 += gthreads;
                         src = g8;
                         dst = wa_unit(g8, 0, mp);
                     } else {
@@ -1328,7 +1334,9 @@ __global__ void __launch_bounds__(RG * 32 * KH, KH == 1 || RG * KH == WA_WARPS ?
             }
         }
     }
-    __syncthreads();
+    if (KH == 1) __syncthreads();
+    else if (RG == 1) __syncwarp();
+    else asm volatile("bar.sync %0, %1;\n" ::"r"(1 + kh), "r"(RG * 32) : "memory");
 
     /* two accumulator sets, one per k-step of a pair, so that consecutive MMAs do not wait
      * on each other; summed once at the end */
