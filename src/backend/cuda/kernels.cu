@@ -1134,8 +1134,10 @@ __device__ __forceinline__ uint32_t lds32(uint32_t addr)
     return v;
 }
 
+/* blocks of WA_WARPS warps (eight row groups, or K slices) must fit WA_MIN_BLOCKS per SM;
+ * those of two warps per row group run one per SM */
 template <int AK, bool BNV, int MT, int KH = 1, int RG = WA_WARPS>
-__global__ void __launch_bounds__(RG * 32 * KH, KH == 1 || RG * KH == WA_WARPS ? WA_MIN_BLOCKS : 1) wa_kernel(const fp4d_skinny_args p)
+__global__ void __launch_bounds__(RG * 32 * KH, RG * KH == WA_WARPS ? WA_MIN_BLOCKS : 1) wa_kernel(const fp4d_skinny_args p)
 {
     constexpr bool F16 = AK == AK_F16;
     static_assert(BNV || !F16, "f16 activations with MXFP4 weights take the simt path");
@@ -4279,7 +4281,7 @@ static int launch_wa(const fp4d_skinny_args *args, cudaStream_t s, unsigned *clu
                                                (int)(padded > staged ? padded : staged));
     if (e != cudaSuccess) return (int)e;
     /* split grids exchange through the cluster's shared memory where that adds no wave: the
-     * staging space then also holds the block's sums (WA_WARPS * MT * 4 * 32 floats) */
+     * staging space then also holds the block's sums (RG * MT * 4 * 32 floats) */
     const size_t staging = (size_t)args->max_rows * (size_t)pps * WA_PHASE * 2;
     const size_t sums = (size_t)RG * MT * 4 * 32 * sizeof(float);
     const size_t cluster_smem = pdl_one_per_sm_smem(staging > sums ? staging : sums, blocks);
