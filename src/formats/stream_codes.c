@@ -21,9 +21,9 @@ uint32_t fp4d_stream_decode_pair(uint32_t w, int i)
 {
     switch (i) {
     case 0: return w & FP4D_STREAM_PAIR_MASK;
-    case 1: return (w << 3) & FP4D_STREAM_PAIR_MASK;
-    case 2: return ((w << 1) ^ (w << 6)) & FP4D_STREAM_PAIR_MASK;
-    default: return ((w >> 3) ^ (w << 2)) & FP4D_STREAM_PAIR_MASK;
+    case 1: return (w << 6) & FP4D_STREAM_PAIR_MASK;
+    case 2: return ((w << 12) | (w >> 20)) & FP4D_STREAM_PAIR_MASK;
+    default: return ((w << 2) ^ (w >> 6)) & FP4D_STREAM_PAIR_MASK;
     }
 }
 
@@ -52,7 +52,7 @@ static void build_encode_masks(void)
     for (int col = 0; col < 32; col++) {
         int piv = col;
         while (piv < 32 && !((row[piv] >> col) & 1u)) piv++;
-        if (piv == 32) return; /* singular: cannot happen for the shift sets above (tested) */
+        if (piv == 32) return; /* singular: cannot happen for the shifts above (tested) */
         uint32_t t = row[piv]; row[piv] = row[col]; row[col] = t;
         t = rhs[piv]; rhs[piv] = rhs[col]; rhs[col] = t;
         for (int r = 0; r < 32; r++)

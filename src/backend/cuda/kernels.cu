@@ -623,11 +623,17 @@ __device__ __forceinline__ uint32_t e2m1_pair_raw(uint32_t w, int i)
 }
 
 /* The same pair (bf16x2) from a word in the stream layout (formats/stream_codes.h, whose
- * fp4d_stream_decode_pair is this function's host twin): at most two shifts and one LOP3
- * instead of two shifts and two or three logic operations. */
+ * fp4d_stream_decode_pair is this function's host twin): four shifts and four LOP3s per word
+ * of four pairs, instead of two shifts and two or three logic operations per pair. The left
+ * shifts go to the FMA pipe (IMAD.SHL), the right shift and the rotation to the ALU. The
+ * first stream layout took five shifts per word (four left, one right); against it, on an
+ * H200 (two rounds, W4A16): 14336x4096 M = 1 11.68-11.72 -> 11.08-11.42 us, M = 8
+ * 12.83-12.99 -> 12.32-12.62, 7168x18432 M = 1 21.81-21.85 -> 21.32-21.40, but 14336x4096 at
+ * M = 16 16.44-16.53 -> 16.79-17.00. Shifting right by IMAD.HI (a multiplier the compiler
+ * cannot see) to spare the ALU was slower everywhere (M = 1 12.07-12.12). */
 __device__ __forceinline__ uint32_t e2m1_pair_stream(uint32_t w, int i)
 {
-    const uint32_t x = i == 0 ? w : i == 1 ? w << 3 : i == 2 ? (w << 1) ^ (w << 6) : (w >> 3) ^ (w << 2);
+    const uint32_t x = i == 0 ? w : i == 1 ? w << 6 : i == 2 ? __funnelshift_l(w, w, 12) : (w << 2) ^ (w >> 6);
     return x & FP4D_STREAM_PAIR_MASK;
 }
 
@@ -1061,8 +1067,8 @@ __global__ void __launch_bounds__(DK_WARPS * 32, 3) decode_kernel(const fp4d_ski
  * shift decodes a pair, see e2m1_pair_raw); the staged activations use the same pairing.
  *
  * With bf16 or FP4 activations the weight codes come in the stream layout
- * (formats/stream_codes.h, fp4d_cuda_stream_codes), so a pair decodes in one LOP3 and at most
- * two shifts: the loop is issue-bound on the ALU pipe, and the natural layout's decode took
+ * (formats/stream_codes.h, fp4d_cuda_stream_codes), so a word of four pairs decodes in four
+ * LOP3s and four shifts: the loop is issue-bound, and the natural layout's decode took
  * 2.5 ALU operations per pair (measured: 14336x4096 at M = 1 took 13.0 us with the weights
  * served from L1, 10.3 with a one-LOP3 stand-in decode). f16 activations keep natural codes.
  *
