@@ -1056,8 +1056,9 @@ __global__ void __launch_bounds__(DK_WARPS * 32, 3) decode_kernel(const fp4d_ski
  * feeds one MMA per 8 tokens. Each lane streams its own 16-byte pieces of two weight rows
  * straight into registers, WA_DEPTH - 1 phases of 256 k ahead of the one it computes; the
  * activations of the block's K range are staged once in shared memory, already in the
- * order of the B fragments (one conflict-free 16-byte load per lane feeds two MMAs; lanes
- * of tokens past the item read a zero unit, so the loop has no branches). The warps of a
+ * order of the B fragments (one conflict-free 16-byte load per lane feeds two MMAs, at a
+ * fixed offset from one of two lane bases; lanes of tokens past the item read a live token,
+ * so the loop has no branches). The warps of a
  * block take consecutive row tiles over the same K range and share the staging. K beyond
  * one block's range goes to other blocks (split-K), reduced in a fixed order by the last
  * block of each tile (deterministic). Block scales are turned into folded bf16x2 / half2
@@ -1112,11 +1113,16 @@ __host__ __device__ __forceinline__ int64_t wa_chunk_index(int64_t group, int64_
 }
 
 /* 16-byte unit of staged activations holding token m's 8-k group g8 (relative to the
- * block's first k): ordered so that lane (g, t) of a warp reads consecutive units */
+ * block's first k; g8 = 32 ph + 16 c + 4 t + q): per phase and token 8 x 4 units, the
+ * B-fragment piece j = 4c + q of lane t at 4 (j ^ (m & 1)) + t. So a lane's eight pieces of
+ * a phase sit at fixed offsets from two lane bases (even and odd j; no per-load address
+ * arithmetic), and the two tokens of a quarter warp (g = 2i, 2i + 1) read different bank
+ * groups (bit 2 of the unit: j ^ (m & 1)). Token m's unit for g8 + 1 within a pair (q even) is
+ * the unit for g8 with bit 2 flipped. */
 __device__ __forceinline__ int wa_unit(int g8, int m, int mp)
 {
-    const int ph = g8 >> 5, r = g8 & 31, c = r >> 4, t = (r >> 2) & 3, q = r & 3;
-    return ((((ph * 2 + c) * 4 + q) * mp + m) << 2) + t;
+    const int ph = g8 >> 5, r = g8 & 31, t = (r >> 2) & 3, j = ((r >> 4) << 2) | (r & 3);
+    return (((ph * mp + m) * 8 + (j ^ (m & 1))) << 2) + t;
 }
 
 /* One folded NVFP4 scale byte as a bf16x2 / half2 pair (see nv_scales_folded). */
@@ -1149,7 +1155,6 @@ __global__ void __launch_bounds__(RG * 32 * KH, RG * KH == WA_WARPS ? WA_MIN_BLO
     static_assert(BNV || !F16, "f16 activations with MXFP4 weights take the simt path");
     extern __shared__ __align__(16) uint4 wa_act[];
     __shared__ uint32_t wa_stab[256]; /* scale byte -> folded pair */
-    __shared__ uint4 wa_zero;         /* B fragment of tokens past the item */
     /* KH > 1: KH warps per row group, each over its share of the block's phases (more warps
      * per SM at the same registers), summed through shared memory at the end */
     const int lane = threadIdx.x & 31, warp = (threadIdx.x >> 5) % RG, kh = KH > 1 ? (threadIdx.x >> 5) / RG : 0;
@@ -1194,8 +1199,11 @@ __global__ void __launch_bounds__(RG * 32 * KH, RG * KH == WA_WARPS ? WA_MIN_BLO
         if (ph < nph) {
 #pragma unroll
             for (int r = 0; r < 2; r++) {
-                w[0][r] = load_stream_16(wp[r]);
-                w[1][r] = load_stream_16(wp[r] + (F16 ? 64 : WA_STREAM_CHUNK / 2));
+                /* the stream layout: row r's pieces a fixed offset into the warp's chunk (one
+                 * running pointer instead of two) */
+                const uint8_t *src = F16 ? wp[r] : wp[0] + r * (WA_STREAM_CHUNK / 4);
+                w[0][r] = load_stream_16(src);
+                w[1][r] = load_stream_16(src + (F16 ? 64 : WA_STREAM_CHUNK / 2));
                 if (!F16) {
                     if (r == 0) {
                         const uint2 v = __ldg((const uint2 *)sp_[0]);
@@ -1209,14 +1217,14 @@ __global__ void __launch_bounds__(RG * 32 * KH, RG * KH == WA_WARPS ? WA_MIN_BLO
             }
         }
 #pragma unroll
-        for (int r = 0; r < 2; r++) {
+        for (int r = 0; r < (F16 ? 2 : 1); r++) {
             wp[r] += wstep;
             sp_[r] += sstep;
         }
     };
 
     /* while the previous kernel may still run: the first phases' weights into the register
-     * ring, the scale table and the zero unit (the item and pointer tables read above come
+     * ring and the scale table (the item and pointer tables read above come
      * from the host). launch_wa lets this kernel start early (programmatic dependent launch)
      * only where the weights are settled (b_settled: nothing still running writes them), so
      * these loads cannot see weights that are being written; everything else waits for
@@ -1234,8 +1242,7 @@ __global__ void __launch_bounds__(RG * 32 * KH, RG * KH == WA_WARPS ? WA_MIN_BLO
 #pragma unroll
     for (int d = 0; d < WA_DEPTH - 1; d++) issue(d, cw[d], cs[d]);
     for (int b = threadIdx.x; b < 256; b += blockDim.x) wa_stab[b] = BNV ? nv_scale_folded1<F16>((uint32_t)b) : mx_scale_pair((uint32_t)b);
-    if (threadIdx.x == 0) wa_zero = make_uint4(0, 0, 0, 0);
-    __syncthreads(); /* the table and the zero unit, for the staging and the loop */
+    __syncthreads(); /* the table, for the staging and the loop */
     pdl_wait();
 
     const uint32_t pow2_126 = bf16x2_bits(__floats2bfloat162_rn(0x1p126f, 0x1p126f));
@@ -1273,14 +1280,14 @@ __global__ void __launch_bounds__(RG * 32 * KH, RG * KH == WA_WARPS ? WA_MIN_BLO
              * 36.2. */
             const int pieces = g8_hi / 2, row_pieces = (int)(K / 16);
             const uint2 *codes2 = reinterpret_cast<const uint2 *>(codes);
-            int tok = 0, g16 = g8_lo / 2 + gtid, src16 = g16, dst16 = wa_unit(2 * g16, 0, mp);
+            int tok = 0, g16 = g8_lo / 2 + gtid, src16 = g16, dst16 = wa_unit(2 * g16, 0, mp); /* token 0's */
             while (g16 < pieces) {
                 uint2 w[WA_STAGE_BATCH];
                 uint32_t sb[WA_STAGE_BATCH];
                 int to[WA_STAGE_BATCH];
 #pragma unroll
                 for (int i = 0; i < WA_STAGE_BATCH; i++) {
-                    to[i] = g16 < pieces ? dst16 : -1;
+                    to[i] = g16 < pieces ? dst16 ^ ((tok & 1) << 2) : -1;
                     if (g16 < pieces) {
                         w[i] = __ldg(codes2 + src16);
                         sb[i] = __ldg(p.a_scales + scale_row_off(p.a_layout, aC, (int64_t)it.row0 + tok) +
@@ -1293,7 +1300,7 @@ __global__ void __launch_bounds__(RG * 32 * KH, RG * KH == WA_WARPS ? WA_MIN_BLO
                         dst16 = wa_unit(2 * g16, 0, mp);
                     } else {
                         src16 += row_pieces;
-                        dst16 += 4;
+                        dst16 += 32;
                     }
                 }
 #pragma unroll
@@ -1302,7 +1309,7 @@ __global__ void __launch_bounds__(RG * 32 * KH, RG * KH == WA_WARPS ? WA_MIN_BLO
                     const uint32_t s2 = nva == BNV ? lds32(stab + 4 * sb[i]) : nva ? nv_scale_folded1<false>(sb[i]) : mx_scale_pair(sb[i]);
 #pragma unroll
                     for (int h = 0; h < 2; h++) {
-                        /* the piece's second 8-k group is the unit 4 mp further (wa_unit: q + 1) */
+                        /* the piece's second 8-k group: bit 2 of the unit flipped (wa_unit) */
                         const uint32_t word = h ? w[i].y : w[i].x;
                         uint32_t o[4];
 #pragma unroll
@@ -1310,18 +1317,18 @@ __global__ void __launch_bounds__(RG * 32 * KH, RG * KH == WA_WARPS ? WA_MIN_BLO
                             const uint32_t pr = e2m1_pair_raw<false>(word, jj);
                             o[jj] = mul2<false>(nva ? pr : mul2<false>(pr, pow2_126), s2);
                         }
-                        wa_act[to[i] + h * 4 * mp] = make_uint4(o[0], o[1], o[2], o[3]);
+                        wa_act[to[i] ^ (h << 2)] = make_uint4(o[0], o[1], o[2], o[3]);
                     }
                 }
             }
         } else {
-            int m = 0, g8 = g8_lo + gtid, src = g8, dst = wa_unit(g8, 0, mp);
+            int m = 0, g8 = g8_lo + gtid, src = g8, dst = wa_unit(g8, 0, mp); /* token 0's */
             while (g8 < g8_hi) {
                 int to[WA_STAGE_BATCH];
                 uint4 v[WA_STAGE_BATCH];
 #pragma unroll
                 for (int i = 0; i < WA_STAGE_BATCH; i++) {
-                    to[i] = g8 < g8_hi ? dst : -1;
+                    to[i] = g8 < g8_hi ? dst ^ ((m & 1) << 2) : -1;
                     if (g8 < g8_hi) v[i] = __ldg(units + src);
                     if (++m == mp) {
                         m = 0;
@@ -1330,7 +1337,7 @@ __global__ void __launch_bounds__(RG * 32 * KH, RG * KH == WA_WARPS ? WA_MIN_BLO
                         dst = wa_unit(g8, 0, mp);
                     } else {
                         src += row_units;
-                        dst += 4;
+                        dst += 32;
                     }
                 }
 #pragma unroll
@@ -1354,15 +1361,19 @@ __global__ void __launch_bounds__(RG * 32 * KH, RG * KH == WA_WARPS ? WA_MIN_BLO
 #pragma unroll
         for (int e = 0; e < 4; e++) acc[mt][e] = acc2[mt][e] = 0.0f;
 
-    /* B fragments: unit (ph * 8 + 4c + q) * 4mp + 4m + t, i.e. a lane base plus a multiple
-     * of a lane stride; lanes of tokens >= mp read the zero unit with stride 0 */
-    uint32_t bbase[MT], bstride[MT];
+    /* B fragments (wa_unit): piece j of phase ph at unit (ph mp + m) 32 + 4 (j ^ (m & 1)) + t,
+     * i.e. at byte 64 j from the lane's base for even or odd j in phase 0, plus ph x bph_step.
+     * Lanes of tokens >= mp read a live token of their column tile instead (an MMA's output
+     * column depends on its B column only, and those columns are never stored; the same
+     * address as that token's lane, so no bank conflict) */
+    uint32_t bbase[MT][2];
+    const uint32_t bph_step = 512u * (uint32_t)mp;
 #pragma unroll
     for (int mt = 0; mt < MT; mt++) {
-        const int m = mt * 8 + g;
-        const bool live = m < mp;
-        bbase[mt] = live ? (uint32_t)__cvta_generic_to_shared(&wa_act[4 * m + t]) : (uint32_t)__cvta_generic_to_shared(&wa_zero);
-        bstride[mt] = live ? 64u * (uint32_t)mp : 0u;
+        const int m0 = mt * 8 + g, m = m0 < mp ? m0 : mt * 8 + (m0 - mt * 8) % (mp - mt * 8);
+        const uint32_t lane0 = (uint32_t)__cvta_generic_to_shared(&wa_act[m * 32 + t]);
+        bbase[mt][0] = lane0 + (uint32_t)(m & 1) * 64u;  /* even j: unit 4 (j + 1) + t when m is odd */
+        bbase[mt][1] = lane0 - (uint32_t)(m & 1) * 64u;  /* odd j: unit 4 (j - 1) + t */
     }
 
     auto compute = [&](int ph, const uint4 w[2][2], const uint32_t s[2]) {
@@ -1372,9 +1383,12 @@ __global__ void __launch_bounds__(RG * 32 * KH, RG * KH == WA_WARPS ? WA_MIN_BLO
         for (int r = 0; r < 2; r++)
 #pragma unroll
             for (int j = 0; j < (BNV ? 4 : 2); j++) sp[r][j] = lds32(stab + 4 * ((s[r] >> (8 * j)) & 0xFFu));
-        uint32_t bph[MT];
+        uint32_t bph[MT][2];
 #pragma unroll
-        for (int mt = 0; mt < MT; mt++) bph[mt] = bbase[mt] + (uint32_t)ph * 8u * bstride[mt];
+        for (int mt = 0; mt < MT; mt++) {
+            bph[mt][0] = bbase[mt][0] + (uint32_t)ph * bph_step;
+            bph[mt][1] = bbase[mt][1] + (uint32_t)ph * bph_step;
+        }
 #pragma unroll
         for (int c = 0; c < 2; c++)
 #pragma unroll
@@ -1383,7 +1397,7 @@ __global__ void __launch_bounds__(RG * 32 * KH, RG * KH == WA_WARPS ? WA_MIN_BLO
                 const uint32_t wh = q == 0 ? w[c][1].x : q == 1 ? w[c][1].y : q == 2 ? w[c][1].z : w[c][1].w;
                 uint4 b[MT];
 #pragma unroll
-                for (int mt = 0; mt < MT; mt++) b[mt] = lds128(bph[mt] + (uint32_t)(4 * c + q) * bstride[mt]);
+                for (int mt = 0; mt < MT; mt++) b[mt] = lds128(bph[mt][q & 1] + 64u * (4 * c + q)); /* [R + imm] */
                 const uint32_t sl = BNV ? sp[0][2 * c + (q >> 1)] : sp[0][c];
                 const uint32_t sh = BNV ? sp[1][2 * c + (q >> 1)] : sp[1][c];
 #pragma unroll
