@@ -592,11 +592,12 @@ static void test_cuda_wa_cluster_exchange(void **state)
 
 /*
  * K slices (fp4d_cuda_wa_kslices): a split grid of M <= 2 whose 16-row blocks all fit on the
- * GPU at once runs each tile's K splits as eight warps of one block, summed in shared memory.
- * Forced wherever it can run (1..8 tokens; 1, 2, 3, 6, 16 and 56 phases: some warps without a
- * phase) against the reference; then, with 8 splits forced, against the split grid: eight
- * slices are the same phases added in the same order, so the outputs must be bit-identical,
- * for every activation type, both weight formats and every output type.
+ * GPU at once (M = 3..8: 32-row blocks, one per SM) runs each tile's K splits as eight warps
+ * per row group, summed in shared memory. Forced wherever each block size can run (1..8
+ * tokens; 1, 2, 3, 6, 16 and 56 phases: some warps without a phase) against the reference;
+ * then, with 8 splits forced, against the split grid: eight slices are the same phases added
+ * in the same order, so the outputs must be bit-identical, for every activation type, both
+ * weight formats and every output type.
  */
 static void test_cuda_wa_kslices(void **state)
 {
@@ -605,16 +606,21 @@ static void test_cuda_wa_kslices(void **state)
     if (!b) skip();
 #ifdef FP4D_TEST_CUDA_KERNELS
     /* the rule on 132 SMs: 4096x14336 (256 16-row blocks, two per SM on compute capability
-     * 9.0) and 7168x18432 (448: more than fit) */
+     * 9.0; 128 32-row blocks staging 28 KB per token) and 7168x18432 (448 / 224: more than
+     * fit) */
     static const struct {
         int64_t n, k;
         int32_t max_rows, splits;
         const char *env; /* FP4DOCTOR_CUDA_WA_KSLICES, or NULL */
-        int want;        /* -1: only known on compute capability 9.0, where it is 1 */
+        int want;        /* -1: only known on compute capability 9.0 (shared memory, blocks per
+                          * SM), where it is `cc90` */
+        int cc90;
     } rule[] = {
-        {4096, 14336, 1, 8, NULL, -1}, {4096, 14336, 2, 8, NULL, -1}, {4096, 14336, 3, 8, NULL, 0},
-        {4096, 14336, 3, 8, "1", 1},   {4096, 14336, 9, 8, "1", 0},   {4096, 14336, 1, 1, "1", 0},
-        {4096, 14336, 1, 8, "0", 0},   {7168, 18432, 1, 4, NULL, 0},
+        {4096, 14336, 1, 8, NULL, -1, 1}, {4096, 14336, 2, 8, NULL, -1, 1}, {4096, 14336, 3, 8, NULL, -1, 2},
+        {4096, 14336, 4, 8, NULL, -1, 2}, {4096, 14336, 5, 8, NULL, 0, 0},  {4096, 14336, 3, 8, "1", 1, 1},
+        {4096, 14336, 6, 8, "2", -1, 2},  {4096, 14336, 9, 8, "1", 0, 0},   {4096, 14336, 9, 8, "2", 0, 0},
+        {4096, 14336, 1, 1, "1", 0, 0},   {4096, 14336, 1, 8, "0", 0, 0},   {4096, 14336, 3, 8, "0", 0, 0},
+        {7168, 18432, 1, 4, NULL, 0, 0},  {7168, 18432, 4, 4, "2", 0, 0},
     };
     int major = 0;
     assert_int_equal(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0), cudaSuccess);
@@ -626,15 +632,21 @@ static void test_cuda_wa_kslices(void **state)
         if (rule[i].env) setenv("FP4DOCTOR_CUDA_WA_KSLICES", rule[i].env, 1);
         const int got = fp4d_cuda_wa_kslices(&a, 132);
         unsetenv("FP4DOCTOR_CUDA_WA_KSLICES");
-        if (rule[i].want >= 0 || major == 9) assert_int_equal(got, rule[i].want >= 0 ? rule[i].want : 1);
+        if (rule[i].want >= 0 || major == 9) assert_int_equal(got, rule[i].want >= 0 ? rule[i].want : rule[i].cc90);
     }
 #endif
     static const int64_t shapes[][3] = {
         {1, 300, 4096}, {2, 129, 1536}, {5, 40, 2048}, {8, 16, 768}, {1, 7, 512}, {3, 257, 256}, {2, 33, 14336},
     };
     small_m_sweep_with("FP4DOCTOR_CUDA_WA_KSLICES", "1", "wa, K slices", shapes, sizeof shapes / sizeof shapes[0]);
+    small_m_sweep_with("FP4DOCTOR_CUDA_WA_KSLICES", "2", "wa, K slices of two row groups", shapes,
+                       sizeof shapes / sizeof shapes[0]);
 
-    static const int64_t same[][3] = {{1, 300, 4096}, {2, 129, 14336}, {1, 40, 2048}, {2, 257, 6144}};
+    /* M, N, K, row groups per block */
+    static const int64_t same[][4] = {
+        {1, 300, 4096, 1}, {2, 129, 14336, 1}, {1, 40, 2048, 1}, {2, 257, 6144, 1},
+        {5, 300, 4096, 2}, {8, 129, 2048, 2},  {3, 257, 14336, 2}, {1, 40, 6144, 2},
+    };
     static const fp4d_dtype acts[] = {FP4D_DTYPE_BF16, FP4D_DTYPE_NVFP4, FP4D_DTYPE_F16, FP4D_DTYPE_MXFP4};
     setenv("FP4DOCTOR_CUDA_GEMV_MAX_M", "0", 1); /* M = 1 to the stream kernel too */
     setenv("FP4DOCTOR_CUDA_WA_SPLITS", "8", 1);
@@ -648,15 +660,15 @@ static void test_cuda_wa_kslices(void **state)
             operand A, B;
             make_operand(&A, at, layouts[rot % 3], M, K);
             make_operand(&B, bt, layouts[(rot + 1) % 3], N, K);
-            setenv("FP4DOCTOR_CUDA_WA_KSLICES", "1", 1);
+            setenv("FP4DOCTOR_CUDA_WA_KSLICES", same[i][3] == 2 ? "2" : "1", 1);
             void *sliced = gemm_into_new(b, &A, &B, ot);
             setenv("FP4DOCTOR_CUDA_WA_KSLICES", "0", 1);
             void *split = gemm_into_new(b, &A, &B, ot);
             unsetenv("FP4DOCTOR_CUDA_WA_KSLICES");
             if (memcmp(sliced, split, (size_t)(M * N) * (ot == FP4D_DTYPE_F32 ? 4 : 2)) != 0) {
-                fprintf(stderr, "  %s x %s -> %s M=%lld N=%lld K=%lld: K slices and 8 splits differ\n",
+                fprintf(stderr, "  %s x %s -> %s M=%lld N=%lld K=%lld: K slices (%lld row groups) and 8 splits differ\n",
                         fp4d_dtype_get(at)->name, fp4d_dtype_get(bt)->name, fp4d_dtype_get(ot)->name, (long long)M,
-                        (long long)N, (long long)K);
+                        (long long)N, (long long)K, (long long)same[i][3]);
                 failures++;
             }
             cases++;

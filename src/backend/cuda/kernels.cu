@@ -1076,8 +1076,8 @@ __global__ void __launch_bounds__(DK_WARPS * 32, 3) decode_kernel(const fp4d_ski
  * Where a grid has at most one block per SM (fp4d_cuda_wa_warps_per_row_group), blocks have
  * two warps per 16-row group (KH = 2, 16 warps), each over half of the block's phases, their
  * sums added through shared memory: twice the warps per scheduler at the same registers.
- * Blocks hold RG 16-row groups (WA_WARPS, except K slices: one group of KH = 8 warps in place
- * of a split grid's eight K splits, see fp4d_cuda_wa_kslices).
+ * Blocks hold RG 16-row groups (WA_WARPS, except K slices: one or two groups of KH = 8 warps
+ * in place of a split grid's eight K splits, see fp4d_cuda_wa_kslices).
  * ------------------------------------------------------------------------------------- */
 
 constexpr int WA_WARPS = 8;
@@ -4335,30 +4335,46 @@ static int launch_wa(const fp4d_skinny_args *args, cudaStream_t s, unsigned *clu
  *   - 4096x4096 M = 1: 7.37-7.39 -> 5.58-5.59, M = 2 7.74-7.78 -> 6.05-6.07 (W4A4 8.44-8.46 ->
  *     6.50);
  *   - 7168x18432 M = 1..2 (448 blocks: two waves) 21.5-22.0 -> 25.0-29.1.
- * Hence the rule: M <= 2, a split grid, and all blocks resident at once.
- * FP4DOCTOR_CUDA_WA_KSLICES=0 turns it off, =1 takes it wherever it can run (split grids of
- * up to 8 tokens whose whole K range stages within WA_SMEM_MAX): A/B timing and tests.
+ * At M = 3..8 the slices run in 32-row blocks (two row groups, 16 warps, one block per SM),
+ * which halves the staging per row against 16-row blocks, where all of them fit on the GPU
+ * at once and the whole K range of activations stages in WA_KSLICES2_STAGE: on an H200 (two
+ * rounds against the split grid, W4A16) 4096x14336 M = 3 12.85-12.98 -> 12.16-12.36 us, M = 4
+ * 12.74-12.90 -> 12.29-12.63 (115 KB staged), but M = 6 (172 KB) 12.87-12.89 -> 13.16-13.47;
+ * 4096x4096 (at most 64 KB) M = 3..8 7.68-7.85 -> 6.26-6.76.
+ * Returns the row groups of a K-slice block (1 or 2), 0 for the split grid.
+ * FP4DOCTOR_CUDA_WA_KSLICES=0 turns it off; =1 / =2 take 16- / 32-row blocks wherever they can
+ * run (16-row: up to 8 tokens whose whole K range stages within WA_SMEM_MAX; 32-row: up to 8
+ * tokens, all blocks resident, whole K range within a block's shared memory): A/B timing and
+ * tests.
  */
 constexpr int WA_KSLICES = 8;
+constexpr int64_t WA_KSLICES2_STAGE = 128 * 1024;
 
 extern "C" int fp4d_cuda_wa_kslices(const fp4d_skinny_args *args, int sm_count)
 {
     const char *env = getenv("FP4DOCTOR_CUDA_WA_KSLICES");
     const int forced = env ? atoi(env) : -1;
-    const int64_t phases = args->k / WA_PHASE;
-    if (forced == 0 || args->splits <= 1 || args->max_rows > 8 || phases > wa_max_phases_per_block(args->max_rows, false))
-        return 0;
-    if (forced == 1) return 1;
-    const int64_t blocks = (args->n + 15) / 16 * args->num_items;
-    return args->max_rows <= 2 && blocks <= (int64_t)(sm_count > 0 ? sm_count : 132) * wa_blocks_per_sm();
+    const int64_t phases = args->k / WA_PHASE, sms = sm_count > 0 ? sm_count : 132;
+    if (forced == 0 || args->splits <= 1 || args->max_rows > 8) return 0;
+    const bool one_fits = phases <= wa_max_phases_per_block(args->max_rows, false);
+    const int64_t blocks2 = (args->n + 31) / 32 * args->num_items;
+    const int64_t staged = (int64_t)(args->max_rows > 0 ? args->max_rows : 1) * phases * WA_PHASE * 2;
+    const bool two_fits = blocks2 <= sms && phases <= wa_max_phases_per_block(args->max_rows, true);
+    if (forced == 1) return one_fits ? 1 : 0;
+    if (forced == 2) return two_fits ? 2 : 0;
+    const int64_t blocks1 = (args->n + 15) / 16 * args->num_items;
+    if (args->max_rows <= 2) return one_fits && blocks1 <= sms * wa_blocks_per_sm() ? 1 : 0;
+    return two_fits && staged <= WA_KSLICES2_STAGE ? 2 : 0;
 }
 
 template <int AK, bool BNV> static int launch_wa_rows(const fp4d_skinny_args *args, cudaStream_t s, unsigned *cluster)
 {
-    if (fp4d_cuda_wa_kslices(args, (int)current_sm_count())) {
+    const int slices = fp4d_cuda_wa_kslices(args, (int)current_sm_count());
+    if (slices > 0) {
         fp4d_skinny_args one = *args;
         one.splits = 1;
-        return launch_wa<AK, BNV, 1, WA_KSLICES, 1>(&one, s, cluster);
+        return slices == 2 ? launch_wa<AK, BNV, 1, WA_KSLICES, 2>(&one, s, cluster)
+                           : launch_wa<AK, BNV, 1, WA_KSLICES, 1>(&one, s, cluster);
     }
     if (fp4d_cuda_wa_warps_per_row_group(args, (int)current_sm_count()) == 2)
         return args->max_rows > 8 ? launch_wa<AK, BNV, 2, 2>(args, s, cluster) : launch_wa<AK, BNV, 1, 2>(args, s, cluster);

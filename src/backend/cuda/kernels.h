@@ -165,10 +165,12 @@ int32_t fp4d_cuda_skinny_pick_splits(const fp4d_skinny_args *args, int sm_count)
  * block per SM and every block has 16+ phases of 256 k; FP4DOCTOR_CUDA_WA_HALVES=1|2 forces
  * it. */
 int fp4d_cuda_wa_warps_per_row_group(const fp4d_skinny_args *args, int sm_count);
-/* 1 where the weight-streaming kernel runs the split launch `args` (splits chosen) on a GPU of
- * sm_count multiprocessors as K slices instead: 16-row blocks whose eight warps each take an
- * eighth of K, summed in shared memory (M <= 2, all blocks resident at once);
- * FP4DOCTOR_CUDA_WA_KSLICES=0|1 turns it off or takes it wherever it can run. */
+/* Where the weight-streaming kernel runs the split launch `args` (splits chosen) on a GPU of
+ * sm_count multiprocessors as K slices instead - blocks whose eight warps per 16-row group each
+ * take an eighth of K, summed in shared memory - the row groups per block: 1 (M <= 2, all
+ * blocks resident at once) or 2 (M = 3..8, one block per SM, at most 128 KB of activations
+ * staged); else 0. FP4DOCTOR_CUDA_WA_KSLICES=0 turns it off, =1|2 takes that many row groups
+ * wherever they can run. */
 int fp4d_cuda_wa_kslices(const fp4d_skinny_args *args, int sm_count);
 /* Blocks per thread block cluster the weight-streaming kernel would launch `args` with on the
  * current device: the splits, where they exchange their sums through the cluster's shared
