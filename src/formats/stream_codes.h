@@ -17,8 +17,9 @@
  * and these four shifts make the 32 x 32 system invertible. No three shifts or rotations do:
  * each copy of w brings at most 8 of its bits to the mask's positions, so w and three copies
  * would have to tile the 32 bits with rotations of the mask, and none do (searched; the
- * first version of this layout needed five shifts). The encoder is its inverse. Not part of the API; fp4d_stream_decode_pair is the host twin of the
- * kernel's decode (kernels.cu), checked against the natural decode in the tests.
+ * first version of this layout needed five shifts). The encoder is its inverse. Not part of
+ * the API; fp4d_stream_decode_pair is the host twin of the kernel's decode (kernels.cu),
+ * checked against the natural decode in the tests.
  */
 #ifndef FP4D_STREAM_CODES_H
 #define FP4D_STREAM_CODES_H
