@@ -1093,6 +1093,39 @@ constexpr int WA_MIN_BLOCKS = 16 / WA_WARPS; /* resident blocks per SM the regis
  * three rounds, M = 4 13.4-13.5 -> 13.0-13.2, M = 8 13.8-13.9 -> 13.4-13.7. */
 template <int MT> constexpr int wa_splitk_batch() { return MT == 1 ? 8 : SPLITK_BATCH; }
 constexpr int WA_STAGE_BATCH = 8;       /* activation loads in flight per thread while staging */
+
+/* One thread's share of the staging's (item, token) pairs - items u_lo .. u_hi - 1 of each of
+ * the tokens 0 .. mp - 1, token-major - as every threads-th pair from the thread's index: all
+ * threads get as many pairs (to one), and consecutive threads take consecutive items of a
+ * token (coalesced loads). Before, thread x took items x, x + threads, ... and every token of
+ * each: where a block's K range holds fewer items than threads, threads idled while others
+ * made more round trips. For FP4 pieces on an H200, W4A4 at M = 16: 14336x4096 16.3-16.6 ->
+ * 15.6-15.9 us, 4096x14336 18.5-18.9 -> 17.9; bf16 units keep their running offsets (below). */
+struct wa_stage_walk {
+    int u, tok, du, dtok, items, u_hi, mp;
+    __device__ wa_stage_walk(int u_lo, int u_hi_, int gtid, int threads, int mp_)
+        : items(u_hi_ - u_lo), u_hi(u_hi_), mp(mp_)
+    {
+        if (items <= 0) {
+            items = 1;
+            tok = mp; /* nothing to stage */
+        } else
+            tok = gtid / items;
+        u = u_lo + gtid % items;
+        du = threads % items;
+        dtok = threads / items;
+    }
+    __device__ bool live() const { return tok < mp; }
+    __device__ void next()
+    {
+        u += du;
+        tok += dtok;
+        if (u >= u_hi) {
+            u -= items;
+            tok++;
+        }
+    }
+};
 /* Stream layout of the codes (fp4d_cuda_stream_codes): the 16 rows x 128 bytes that one warp
  * loads per phase form one contiguous chunk - piece (c, r) of lane l (row g + 8r, bytes
  * 64c + 16t..+15 of the phase, l = 4g + t) at (2c + r) * 512 + 16l - chunks in the order of
@@ -1278,34 +1311,29 @@ __global__ void __launch_bounds__(RG * 32 * KH, RG * KH == WA_WARPS ? WA_MIN_BLO
              * M = 8; in pieces, same run: 14336x4096 W4A4 M = 4 13.2-13.4 -> 12.8 us, M = 16
              * 18.1 -> 17.0-17.1, 7168x18432 M = 8 27.3-27.5 -> 25.1-25.4, M = 16 38.3-39.2 ->
              * 36.2. */
-            const int pieces = g8_hi / 2, row_pieces = (int)(K / 16);
+            const int row_pieces = (int)(K / 16);
             const uint2 *codes2 = reinterpret_cast<const uint2 *>(codes);
-            int tok = 0, g16 = g8_lo / 2 + gtid, src16 = g16, dst16 = wa_unit(2 * g16, 0, mp); /* token 0's */
-            while (g16 < pieces) {
+            wa_stage_walk wk(g8_lo / 2, g8_hi / 2, gtid, gthreads, mp);
+            while (wk.live()) {
                 uint2 w[WA_STAGE_BATCH];
                 uint32_t sb[WA_STAGE_BATCH];
-                int to[WA_STAGE_BATCH];
+                int iu[WA_STAGE_BATCH], itok[WA_STAGE_BATCH];
 #pragma unroll
                 for (int i = 0; i < WA_STAGE_BATCH; i++) {
-                    to[i] = g16 < pieces ? dst16 ^ ((tok & 1) << 2) : -1;
-                    if (g16 < pieces) {
-                        w[i] = __ldg(codes2 + src16);
+                    const int g16 = wk.u, tok = wk.tok;
+                    iu[i] = wk.live() ? g16 : -1;
+                    itok[i] = tok;
+                    if (wk.live()) {
+                        w[i] = __ldg(codes2 + g16 + tok * row_pieces);
                         sb[i] = __ldg(p.a_scales + scale_row_off(p.a_layout, aC, (int64_t)it.row0 + tok) +
                                       scale_col_off(p.a_layout, col0 + (nva ? g16 : g16 >> 1)));
                     }
-                    if (++tok == mp) {
-                        tok = 0;
-                        g16 += gthreads;
-                        src16 = g16;
-                        dst16 = wa_unit(2 * g16, 0, mp);
-                    } else {
-                        src16 += row_pieces;
-                        dst16 += 32;
-                    }
+                    wk.next();
                 }
 #pragma unroll
                 for (int i = 0; i < WA_STAGE_BATCH; i++) {
-                    if (to[i] < 0) break;
+                    if (iu[i] < 0) break;
+                    const int to = wa_unit(2 * iu[i], itok[i], mp); /* the destinations after the loads */
                     const uint32_t s2 = nva == BNV ? lds32(stab + 4 * sb[i]) : nva ? nv_scale_folded1<false>(sb[i]) : mx_scale_pair(sb[i]);
 #pragma unroll
                     for (int h = 0; h < 2; h++) {
@@ -1317,11 +1345,16 @@ __global__ void __launch_bounds__(RG * 32 * KH, RG * KH == WA_WARPS ? WA_MIN_BLO
                             const uint32_t pr = e2m1_pair_raw<false>(word, jj);
                             o[jj] = mul2<false>(nva ? pr : mul2<false>(pr, pow2_126), s2);
                         }
-                        wa_act[to[i] ^ (h << 2)] = make_uint4(o[0], o[1], o[2], o[3]);
+                        wa_act[to ^ (h << 2)] = make_uint4(o[0], o[1], o[2], o[3]);
                     }
                 }
             }
         } else {
+            /* 16-bit: thread x takes g8 = x, x + blockDim.x, ... and every token of each with
+             * running offsets (no per-unit wa_unit). The walk above, tried here too, was slower:
+             * its per-unit address arithmetic sits in front of the batch's loads, and bf16
+             * units cost no decode to hide it (H200: 7168x18432 at M = 16 31.7-32.0 -> 32.8 us,
+             * 4096x14336 16.3-16.4 -> 16.9-17.5; M = 1 even) */
             int m = 0, g8 = g8_lo + gtid, src = g8, dst = wa_unit(g8, 0, mp); /* token 0's */
             while (g8 < g8_hi) {
                 int to[WA_STAGE_BATCH];
