@@ -1126,6 +1126,7 @@ struct wa_stage_walk {
         }
     }
 };
+
 /* Stream layout of the codes (fp4d_cuda_stream_codes): the 16 rows x 128 bytes that one warp
  * loads per phase form one contiguous chunk - piece (c, r) of lane l (row g + 8r, bytes
  * 64c + 16t..+15 of the phase, l = 4g + t) at (2c + r) * 512 + 16l - chunks in the order of
@@ -1350,8 +1351,9 @@ __global__ void __launch_bounds__(RG * 32 * KH, RG * KH == WA_WARPS ? WA_MIN_BLO
                 }
             }
         } else {
-            /* 16-bit: thread x takes g8 = x, x + blockDim.x, ... and every token of each with
-             * running offsets (no per-unit wa_unit). The walk above, tried here too, was slower:
+            /* 16-bit: thread x of the K share takes g8 = x, x + its threads, ... and every token
+             * of each with running offsets (no per-unit wa_unit). The FP4 walk above, tried here
+             * too, was slower:
              * its per-unit address arithmetic sits in front of the batch's loads, and bf16
              * units cost no decode to hide it (H200: 7168x18432 at M = 16 31.7-32.0 -> 32.8 us,
              * 4096x14336 16.3-16.4 -> 16.9-17.5; M = 1 even) */
