@@ -1069,9 +1069,11 @@ __global__ void __launch_bounds__(DK_WARPS * 32, 3) decode_kernel(const fp4d_ski
  *
  * With bf16 or FP4 activations the weight codes come in the stream layout
  * (formats/stream_codes.h, fp4d_cuda_stream_codes), so a word of four pairs decodes in four
- * LOP3s and four shifts: the loop is issue-bound, and the natural layout's decode took
- * 2.5 ALU operations per pair (measured: 14336x4096 at M = 1 took 13.0 us with the weights
- * served from L1, 10.3 with a one-LOP3 stand-in decode). f16 activations keep natural codes.
+ * LOP3s and four shifts: the natural layout's decode took 2.5 ALU operations per pair and
+ * made the loop issue-bound (measured: 14336x4096 at M = 1 took 13.0 us with the weights
+ * served from L1, 10.3 with a one-LOP3 stand-in decode). With this decode the M = 1 loop no
+ * longer is: 8% fewer instructions per phase (scale pairs of two blocks, sixteenth session,
+ * docs/performance.md) ran no faster. f16 activations keep natural codes.
  *
  * Where a grid has at most one block per SM (fp4d_cuda_wa_warps_per_row_group), blocks have
  * two warps per 16-row group (KH = 2, 16 warps), each over half of the block's phases, their
