@@ -1035,8 +1035,10 @@ static void chain_gemm(chain_bufs *cb, int which, const void *act, int64_t m, in
     } else if (m <= 16) {
         fp4d_skinny_args a = {FP4D_DTYPE_BF16, act, NULL, 0, m, FP4D_DTYPE_NVFP4, FP4D_LAYOUT_SWIZZLED_128X4, 1,
                               cb->tables + 2 * which, cb->tables + 2 * which + 1, alpha_dev, n, k, cb->item, 1, (int32_t)m,
-                              out_type, out, 1, cb->partials, cb->counters, 1};
-        /* the tables hold {codes, scales} pairs: the scale pointer table starts one entry on,
+                              out_type, out, 1, cb->partials, cb->counters, 1, 0, {0, 0, 0, 0}, NULL, NULL, 0.0f};
+        /* single = 0: the kernel reads its item and weights from the device tables (the
+         * backend passes a dense GEMM's by value), so that path stays covered.
+         * The tables hold {codes, scales} pairs: the scale pointer table starts one entry on,
          * and both are indexed by expert 0 only; the weights are settled (made before the
          * device synchronization that precedes the chain), so the stream kernel launches
          * early and loads its first weights before it waits for the kernel before it */

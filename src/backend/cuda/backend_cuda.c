@@ -238,6 +238,14 @@ static fp4d_status plan_skinny(cuda_ctx *c, const dev_gemm *g, fp4d_devbuf *para
     args->max_rows = max_item_rows;
     args->out_type = g->out_type;
     args->out = g->out;
+    if (n_items == 1 && g->num_experts == 1) {
+        args->single = 1;
+        const int64_t r0 = g->offsets ? g->offsets[0] : 0, r1 = g->offsets ? g->offsets[1] : g->a_rows;
+        args->single_item = (fp4d_skinny_item){.row0 = (int32_t)r0, .rows = (int32_t)(r1 - r0), .expert = 0};
+        args->single_codes = g->b_codes[0];
+        args->single_scales = g->b_scales[0];
+        args->single_alpha = g->alpha[0];
+    }
     args->splits = n_items ? fp4d_cuda_skinny_pick_splits(args, c->sm_count) : 1;
     if (args->splits > 1) {
         size_t pb = 0, cc = 0;

@@ -1196,9 +1196,9 @@ __global__ void __launch_bounds__(RG * 32 * KH, RG * KH == WA_WARPS ? WA_MIN_BLO
     const int lane = threadIdx.x & 31, warp = (threadIdx.x >> 5) % RG, kh = KH > 1 ? (threadIdx.x >> 5) / RG : 0;
     const int g = lane >> 2, t = lane & 3;
 
-    const fp4d_skinny_item it = p.items[blockIdx.z];
-    const uint8_t *bcodes = p.b_codes[it.expert];
-    const uint8_t *bscales = p.b_scales[it.expert];
+    const fp4d_skinny_item it = p.single ? p.single_item : p.items[blockIdx.z];
+    const uint8_t *bcodes = p.single ? p.single_codes : p.b_codes[it.expert];
+    const uint8_t *bscales = p.single ? p.single_scales : p.b_scales[it.expert];
     const int64_t K = p.k, N = p.n, phases = K / WA_PHASE;
     const int64_t ph0 = phases * blockIdx.y / p.splits;
     const int nph_block = (int)(phases * (blockIdx.y + 1) / p.splits - ph0);
@@ -1504,7 +1504,7 @@ __global__ void __launch_bounds__(RG * 32 * KH, RG * KH == WA_WARPS ? WA_MIN_BLO
         return kh == 0 && n < N && mt * 8 + 2 * t + (e & 1) < mp;
     };
     constexpr int SLOTS = RG * MT * 4 * 32;
-    const float unfold = skinny_unfold<AK, BNV>(p), alpha = p.alpha[it.expert];
+    const float unfold = skinny_unfold<AK, BNV>(p), alpha = p.single ? p.single_alpha : p.alpha[it.expert];
     if (p.splits > 1 && cluster_blocks() == (uint32_t)p.splits) {
         /* the splits of this tile are this cluster (launch_wa): slot j is accumulator e of
          * column mt of lane l of warp w, j = ((w * MT + mt) * 4 + e) * 32 + l */

@@ -152,6 +152,15 @@ typedef struct fp4d_skinny_args {
      * weight-streaming kernel loads its first ones before it waits for the kernel before it
      * (programmatic dependent launch); 0: only after */
     int32_t  b_settled;
+    /* 1: the launch has one work item (a dense GEMM), passed here by value with its expert's
+     * tables, so that the weight-streaming kernel issues its first weight loads without first
+     * reading items, b_codes, b_scales and alpha from device memory (two dependent round
+     * trips); the device tables stay valid either way */
+    int32_t               single;
+    fp4d_skinny_item      single_item;
+    const uint8_t        *single_codes;
+    const uint8_t        *single_scales;
+    float                 single_alpha;
 } fp4d_skinny_args;
 
 /* Scratch sizes for a launch (partials in bytes, counters in uint32 elements). */
