@@ -1085,7 +1085,13 @@ __global__ void __launch_bounds__(DK_WARPS * 32, 3) decode_kernel(const fp4d_ski
 constexpr int WA_WARPS = 8;
 constexpr int WA_ROWS = WA_WARPS * 16;  /* weight rows per block */
 constexpr int WA_PHASE = 256;           /* k per phase: 128 bytes of each weight row */
-constexpr int WA_DEPTH = 3;             /* register buffers: phases in flight + 1 */
+/* register buffers: phases in flight + 1. ptxas gives every global load of this kernel one
+ * dependency barrier, so the wait for a phase's loads also waits for the phase issued after
+ * it: the ring hides about one phase of compute, not two. Rings in shared memory that wait
+ * for one phase alone (cp.async, 3-4 stages) were slower on an H200: the copies read their
+ * address registers late and ptxas makes later instructions wait for those reads
+ * (docs/performance.md, seventeenth session). */
+constexpr int WA_DEPTH = 3;
 constexpr int WA_SMEM_MAX = 96 * 1024;  /* staged activations per block (two blocks per SM) */
 constexpr int WA_MIN_BLOCKS = 16 / WA_WARPS; /* resident blocks per SM the registers must allow */
 /* splits' partials the last block of a tile loads at once, by token tiles: eight (one round
