@@ -1086,12 +1086,16 @@ constexpr int WA_WARPS = 8;
 constexpr int WA_ROWS = WA_WARPS * 16;  /* weight rows per block */
 constexpr int WA_PHASE = 256;           /* k per phase: 128 bytes of each weight row */
 /* register buffers: phases in flight + 1. ptxas gives every global load of this kernel one
- * dependency barrier, so the wait for a phase's loads also waits for the phase issued after
- * it: the ring hides about one phase of compute, not two. Rings in shared memory that wait
- * for one phase alone (cp.async, 3-4 stages) were slower on an H200: the copies read their
- * address registers late and ptxas makes later instructions wait for those reads
- * (docs/performance.md, seventeenth session). */
-constexpr int WA_DEPTH = 3;
+ * dependency barrier, so the wait for a phase's loads also waits for every phase issued after
+ * it: a deeper ring hides no more and costs registers. Against three buffers (two phases
+ * ahead), two - one phase ahead - freed 18-21 registers and were faster on an H200 (four
+ * order-balanced rounds, W4A16 us: 14336x4096 M = 1 10.88-10.97 -> 10.42-10.62, M = 16
+ * 14.40-14.47 -> 13.66-13.93; 4096x14336 M = 4 12.08-12.16 -> 11.65-11.95; 7168x18432 M = 16
+ * 31.38-31.49 -> 30.72-31.07; M = 1 there even). Rings in shared memory that wait for one
+ * phase alone (cp.async, 3-4 stages) were slower: the copies read their address registers
+ * late and ptxas makes later instructions wait for those reads (docs/performance.md,
+ * seventeenth session). */
+constexpr int WA_DEPTH = 2;
 constexpr int WA_SMEM_MAX = 96 * 1024;  /* staged activations per block (two blocks per SM) */
 constexpr int WA_MIN_BLOCKS = 16 / WA_WARPS; /* resident blocks per SM the registers must allow */
 /* splits' partials the last block of a tile loads at once, by token tiles: eight (one round
@@ -1265,7 +1269,7 @@ __global__ void __launch_bounds__(RG * 32 * KH, RG * KH == WA_WARPS ? WA_MIN_BLO
         }
     };
 
-    /* while the previous kernel may still run: the first phases' weights into the register
+    /* while the previous kernel may still run: the first phase's weights into the register
      * ring and the scale table (the item and pointer tables read above come
      * from the host). launch_wa lets this kernel start early (programmatic dependent launch)
      * only where the weights are settled (b_settled: nothing still running writes them), so
