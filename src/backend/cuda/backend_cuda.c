@@ -151,6 +151,7 @@ typedef struct expert_tables {
     const float            *alpha;
     int64_t                 n_items;
     int32_t                 max_item_rows;
+    fp4d_skinny_item        first_item; /* the host's copy of items[0] (zero when there is none) */
 } expert_tables;
 
 /* Builds the tables into `params`. async: copied in c's stream - from pageable memory the
@@ -194,6 +195,7 @@ static fp4d_status upload_expert_tables(cuda_ctx *c, const dev_gemm *g, int64_t 
                               : cudaMemcpy(params->ptr, host, total, cudaMemcpyHostToDevice);
         if (e != cudaSuccess) st = fp4d_cuda_status(e, "cuda: upload work items");
     }
+    t->first_item = it[0];
     free(host);
     FP4D_FORWARD_IF_ERROR(st);
     t->items = (const fp4d_skinny_item *)params->ptr;
@@ -240,8 +242,7 @@ static fp4d_status plan_skinny(cuda_ctx *c, const dev_gemm *g, fp4d_devbuf *para
     args->out = g->out;
     if (n_items == 1 && g->num_experts == 1) {
         args->single = 1;
-        const int64_t r0 = g->offsets ? g->offsets[0] : 0, r1 = g->offsets ? g->offsets[1] : g->a_rows;
-        args->single_item = (fp4d_skinny_item){.row0 = (int32_t)r0, .rows = (int32_t)(r1 - r0), .expert = 0};
+        args->single_item = t.first_item;
         args->single_codes = g->b_codes[0];
         args->single_scales = g->b_scales[0];
         args->single_alpha = g->alpha[0];
