@@ -365,6 +365,22 @@ static void small_m_sweep_with(const char *var, const char *value, const char *l
     unsetenv(var);
 }
 
+/* 16-bit activations staged all before the main loop (as where a thread's share of a phase is
+ * more than two units, or for FP4 activations), and in chunks of three phases inside it (the
+ * default chunk is covered by every other test): every split, slice and warp arrangement the
+ * planner picks for these shapes. */
+static void test_cuda_wa_staging_placement(void **state)
+{
+    (void)state;
+    static const int64_t shapes[][3] = {
+        {1, 300, 4096}, {2, 128, 512}, {4, 33, 14336}, {5, 129, 1536}, {8, 16, 7168}, {16, 257, 8192}, {3, 7, 768},
+    };
+    small_m_sweep_with("FP4DOCTOR_CUDA_WA_STAGE", "upfront", "wa, staging up front", shapes,
+                       sizeof shapes / sizeof shapes[0]);
+    small_m_sweep_with("FP4DOCTOR_CUDA_WA_STAGE", "3", "wa, staging in chunks of 3 phases", shapes,
+                       sizeof shapes / sizeof shapes[0]);
+}
+
 /* The same items with the stream layout off (as where the device has no room for it): the
  * decode kernel takes them on the natural layout. */
 static void test_cuda_wa_natural_layout(void **state)
@@ -1035,7 +1051,7 @@ static void chain_gemm(chain_bufs *cb, int which, const void *act, int64_t m, in
     } else if (m <= 16) {
         fp4d_skinny_args a = {FP4D_DTYPE_BF16, act, NULL, 0, m, FP4D_DTYPE_NVFP4, FP4D_LAYOUT_SWIZZLED_128X4, 1,
                               cb->tables + 2 * which, cb->tables + 2 * which + 1, alpha_dev, n, k, cb->item, 1, (int32_t)m,
-                              out_type, out, 1, cb->partials, cb->counters, 1, 0, {0, 0, 0, 0}, NULL, NULL, 0.0f};
+                              out_type, out, 1, cb->partials, cb->counters, 1, 0, {0, 0, 0, 0}, NULL, NULL, 0.0f, 0};
         /* single = 0: the kernel reads its item and weights from the device tables (the
          * backend passes a dense GEMM's by value), so that path stays covered.
          * The tables hold {codes, scales} pairs: the scale pointer table starts one entry on,
@@ -1232,6 +1248,7 @@ int main(void)
         cmocka_unit_test(test_cuda_dense_tail),
         cmocka_unit_test(test_cuda_grouped),
         cmocka_unit_test(test_cuda_wa),
+        cmocka_unit_test(test_cuda_wa_staging_placement),
         cmocka_unit_test(test_cuda_wa_natural_layout),
         cmocka_unit_test(test_cuda_wa_three_splits),
         cmocka_unit_test(test_cuda_wa_two_warps_per_row_group),

@@ -1105,6 +1105,7 @@ constexpr int WA_MIN_BLOCKS = 16 / WA_WARPS; /* resident blocks per SM the regis
  * three rounds, M = 4 13.4-13.5 -> 13.0-13.2, M = 8 13.8-13.9 -> 13.4-13.7. */
 template <int MT> constexpr int wa_splitk_batch() { return MT == 1 ? 8 : SPLITK_BATCH; }
 constexpr int WA_STAGE_BATCH = 8;       /* activation loads in flight per thread while staging */
+constexpr int WA_STAGE_CHUNK = 2;       /* phases per chunk of 16-bit staging (stage_chunk) */
 
 /* One thread's share of the staging's (item, token) pairs - items u_lo .. u_hi - 1 of each of
  * the tokens 0 .. mp - 1, token-major - as every threads-th pair from the thread's index: all
@@ -1293,6 +1294,49 @@ __global__ void __launch_bounds__(RG * 32 * KH, RG * KH == WA_WARPS ? WA_MIN_BLO
 
     const uint32_t pow2_126 = bf16x2_bits(__floats2bfloat162_rn(0x1p126f, 0x1p126f));
     const uint32_t stab = (uint32_t)__cvta_generic_to_shared(wa_stab);
+    const int64_t kbase = ph0 * WA_PHASE;
+    const int row_units = (int)(K / 8); /* 16-byte units per bf16/f16 token row */
+    const uint4 *units = (const uint4 *)((const uint16_t *)p.a + (int64_t)it.row0 * K + kbase);
+
+    /* K slices (RG <= 2) with 16-bit activations: the first `chunk` phases of the warp's K
+     * share staged before the main loop, each later phase inside it - its loads issued with
+     * the weights of the phase after the one computed, `chunk` phases ahead of its own
+     * compute, and stored once the warp waits for those weights anyway - with the RG warps of
+     * the K share meeting at a barrier every `chunk` phases. Thread (warp w of the RG, lane l)
+     * copies unit l of tokens w, w + RG, ... of a phase: in the loop only where that is at
+     * most WA_LOOP_UNITS units (M <= 2 in one row group, M <= 4 in two). Up front, M = 4 took
+     * each thread 14 units in two round trips before the first phase of 4096x14336. Blocks of
+     * eight row groups stage up front: with a barrier per phase their warps lost more in
+     * lockstep than the staging costs (H200, W4A16 14336x4096 M = 1 10.7 -> 12.0 us, M = 16
+     * 14.2 -> 14.5; with a barrier every 2 or 4 phases still 0.5-2 us slower at M = 1;
+     * docs/performance.md, eighteenth session) */
+    constexpr int WA_LOOP_UNITS = 2;
+    const int chunk = AK != AK_FP4 && RG <= 2 && p.stage_chunk > 0 && p.stage_chunk < nph && mp <= RG * WA_LOOP_UNITS
+                          ? p.stage_chunk : nph;
+    const bool stage_in_loop = chunk < nph;
+    const uint4 *ls_src = units + (int64_t)warp * row_units + (hph0 + chunk) * 32 + lane; /* next phase to load */
+    int ls_dst = wa_unit((hph0 + chunk) * 32 + lane, 0, mp) + warp * 32;                  /* ... and to store */
+    uint4 ls_v[WA_LOOP_UNITS];
+    auto loop_stage_load = [&]() {
+#pragma unroll
+        for (int i = 0; i < WA_LOOP_UNITS; i++)
+            if (warp + i * RG < mp) ls_v[i] = __ldg(ls_src + (int64_t)i * RG * row_units);
+        ls_src += 32;
+    };
+    auto loop_stage_store = [&]() {
+#pragma unroll
+        for (int i = 0; i < WA_LOOP_UNITS; i++) {
+            const int m = warp + i * RG;
+            if (m < mp) {
+                const uint4 v = ls_v[i];
+                wa_act[(ls_dst + i * RG * 32) ^ ((m & 1) << 2)] =
+                    make_uint4(__byte_perm(v.x, v.z, 0x5410), __byte_perm(v.x, v.z, 0x7632),
+                               __byte_perm(v.y, v.w, 0x5410), __byte_perm(v.y, v.w, 0x7632));
+            }
+        }
+        ls_dst += mp * 32;
+    };
+
     /* the activations of tokens 0..mp-1 over this K range */
     {
         /* units of (token m, 8-k group g8): thread x takes g8 = x, x + blockDim.x, ... and
@@ -1307,13 +1351,10 @@ __global__ void __launch_bounds__(RG * 32 * KH, RG * KH == WA_WARPS ? WA_MIN_BLO
          * block-wide barrier, two rounds: K slices on 4096x14336 at M = 1 11.26-11.33 ->
          * 11.06-11.21 us, M = 2 13.05-13.13 -> 12.78-12.92; 14336x4096 (KH = 2) even */
         const int gthreads = RG * 32, gtid = threadIdx.x % gthreads;
-        const int g8_lo = hph0 * (WA_PHASE / 8), g8_hi = (hph0 + nph) * (WA_PHASE / 8);
-        const int64_t kbase = ph0 * WA_PHASE;
-        const int row_units = (int)(K / 8); /* 16-byte units per bf16/f16 token row */
+        const int g8_lo = hph0 * (WA_PHASE / 8), g8_hi = (hph0 + chunk) * (WA_PHASE / 8);
         const bool nva = p.a_type == FP4D_DTYPE_NVFP4;
         const int64_t aC = K / (nva ? 16 : 32), col0 = kbase / (nva ? 16 : 32);
         const uint32_t *codes = (const uint32_t *)((const uint8_t *)p.a + (int64_t)it.row0 * (K / 2) + kbase / 2);
-        const uint4 *units = (const uint4 *)((const uint16_t *)p.a + (int64_t)it.row0 * K + kbase);
         if (AK == AK_FP4) {
             /* FP4: units in pairs, one 16-k piece (8 code bytes, one scale byte) per load
              * pair - half the loads and address arithmetic per unit, and twice the units per
@@ -1396,9 +1437,13 @@ __global__ void __launch_bounds__(RG * 32 * KH, RG * KH == WA_WARPS ? WA_MIN_BLO
             }
         }
     }
+    /* the RG warps sharing this K range (a single warp: none but itself) */
+    auto staging_barrier = [&]() {
+        if (RG == 1) __syncwarp();
+        else asm volatile("bar.sync %0, %1;\n" ::"r"(1 + kh), "r"(RG * 32) : "memory");
+    };
     if (KH == 1) __syncthreads();
-    else if (RG == 1) __syncwarp();
-    else asm volatile("bar.sync %0, %1;\n" ::"r"(1 + kh), "r"(RG * 32) : "memory");
+    else staging_barrier();
 
     /* two accumulator sets, one per k-step of a pair, so that consecutive MMAs do not wait
      * on each other; summed once at the end */
@@ -1475,11 +1520,22 @@ __global__ void __launch_bounds__(RG * 32 * KH, RG * KH == WA_WARPS ? WA_MIN_BLO
             }
     };
 
+    int to_barrier = chunk; /* phases until the next staging barrier (stage_in_loop) */
     for (int p0 = 0; p0 < nph; p0 += WA_DEPTH) {
 #pragma unroll
         for (int d = 0; d < WA_DEPTH; d++) {
             const int ph = p0 + d;
             if (ph < nph) {
+                if (stage_in_loop) {
+                    if (ph > 0) {
+                        if (ph + chunk - 1 < nph) loop_stage_store(); /* phase ph + chunk - 1 */
+                        if (--to_barrier == 0) {
+                            staging_barrier(); /* phases ph .. ph + chunk - 1 */
+                            to_barrier = chunk;
+                        }
+                    }
+                    if (ph + chunk < nph) loop_stage_load();
+                }
                 issue(ph + WA_DEPTH - 1, cw[(d + WA_DEPTH - 1) % WA_DEPTH], cs[(d + WA_DEPTH - 1) % WA_DEPTH]);
                 compute(hph0 + ph, cw[d], cs[d]);
             }
@@ -4361,10 +4417,15 @@ static int launch_wa(const fp4d_skinny_args *args, cudaStream_t s, unsigned *clu
         return cudaSuccess;
     }
     const size_t smem = clustered ? cluster_smem : pdl_one_per_sm_smem(staging, blocks);
+    /* FP4DOCTOR_CUDA_WA_STAGE=upfront stages 16-bit activations before the main loop, =N in
+     * chunks of N phases (A/B timing, tests) */
+    fp4d_skinny_args launched = *args;
+    const char *stage = getenv("FP4DOCTOR_CUDA_WA_STAGE");
+    launched.stage_chunk = !stage ? WA_STAGE_CHUNK : strcmp(stage, "upfront") == 0 ? 0 : atoi(stage);
     /* early (programmatic dependent launch) only with settled weights: the kernel loads its
      * first weights before pdl_wait */
     return (int)launch_pdl_clusters(wa_kernel<AK, BNV, MT, KH, RG>, grid, dim3(RG * 32 * KH), smem, s, cluster_y,
-                                    args->b_settled != 0, *args);
+                                    args->b_settled != 0, launched);
 }
 
 /*
