@@ -365,10 +365,11 @@ static void small_m_sweep_with(const char *var, const char *value, const char *l
     unsetenv(var);
 }
 
-/* 16-bit activations staged all before the main loop (as where a thread's share of a phase is
- * more than two units, or for FP4 activations), and in chunks of three phases inside it (the
- * default chunk is covered by every other test): every split, slice and warp arrangement the
- * planner picks for these shapes. */
+/* 16-bit activations staged all before the main loop (as blocks of eight row groups, FP4
+ * activations and K slices with more than two units per thread and phase or one batch of
+ * loads in all always do), and K slices' in chunks of three phases inside it (the default
+ * chunk is covered by every other test): every split, slice and warp arrangement the planner
+ * picks for these shapes. */
 static void test_cuda_wa_staging_placement(void **state)
 {
     (void)state;

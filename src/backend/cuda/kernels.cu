@@ -1304,14 +1304,20 @@ __global__ void __launch_bounds__(RG * 32 * KH, RG * KH == WA_WARPS ? WA_MIN_BLO
      * compute, and stored once the warp waits for those weights anyway - with the RG warps of
      * the K share meeting at a barrier every `chunk` phases. Thread (warp w of the RG, lane l)
      * copies unit l of tokens w, w + RG, ... of a phase: in the loop only where that is at
-     * most WA_LOOP_UNITS units (M <= 2 in one row group, M <= 4 in two). Up front, M = 4 took
-     * each thread 14 units in two round trips before the first phase of 4096x14336. Blocks of
+     * most WA_LOOP_UNITS units (M <= 2 in one row group, M <= 4 in two) and staging up front
+     * would take more than one batch of loads. Up front, M = 4 took each thread 14 units in
+     * two round trips before the first phase of 4096x14336 (H200, four order-balanced rounds,
+     * W4A16 us: M = 2 11.59-11.82 -> 11.02-11.08, M = 4 11.80-11.94 -> 11.39-11.47; at M = 1,
+     * one batch, and on 4096x4096 even or 0.1-0.2 slower, hence the batch rule). Blocks of
      * eight row groups stage up front: with a barrier per phase their warps lost more in
-     * lockstep than the staging costs (H200, W4A16 14336x4096 M = 1 10.7 -> 12.0 us, M = 16
-     * 14.2 -> 14.5; with a barrier every 2 or 4 phases still 0.5-2 us slower at M = 1;
-     * docs/performance.md, eighteenth session) */
+     * lockstep than the staging costs (14336x4096 M = 1 10.7 -> 12.0 us, M = 16 14.2 -> 14.5;
+     * with a barrier every 2 or 4 phases still 0.5-2 us slower at M = 1). FP4 activations
+     * stage up front too: decoded in the loop they were slower (4096x14336 W4A4 M = 1
+     * 12.43-12.68 -> 13.00-13.24, M = 4 13.46-13.65 -> 14.16-14.31). docs/performance.md,
+     * eighteenth session */
     constexpr int WA_LOOP_UNITS = 2;
-    const int chunk = AK != AK_FP4 && RG <= 2 && p.stage_chunk > 0 && p.stage_chunk < nph && mp <= RG * WA_LOOP_UNITS
+    const int chunk = AK != AK_FP4 && RG <= 2 && p.stage_chunk > 0 && p.stage_chunk < nph && mp <= RG * WA_LOOP_UNITS &&
+                              nph * mp > RG * WA_STAGE_BATCH
                           ? p.stage_chunk : nph;
     const bool stage_in_loop = chunk < nph;
     const uint4 *ls_src = units + (int64_t)warp * row_units + (hph0 + chunk) * 32 + lane; /* next phase to load */
