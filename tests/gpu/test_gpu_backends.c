@@ -639,6 +639,15 @@ static void test_cuda_wa_kslices(void **state)
         {4096, 14336, 1, 1, "1", 0, 0},   {4096, 14336, 1, 8, "0", 0, 0},   {4096, 14336, 3, 8, "0", 0, 0},
         {7168, 18432, 1, 4, NULL, 0, 0},  {7168, 18432, 4, 4, "2", 0, 0},
     };
+    /* FP4 activations at M <= 2 take 32-row blocks from K = 8192 (4096x14336), not on 4096x4096 */
+    static const struct {
+        int64_t n, k;
+        int32_t max_rows, a_type;
+        int cc90;
+    } fp4_rule[] = {
+        {4096, 14336, 1, FP4D_DTYPE_NVFP4, 2}, {4096, 14336, 2, FP4D_DTYPE_MXFP4, 2},
+        {4096, 4096, 1, FP4D_DTYPE_NVFP4, 1},  {4096, 14336, 1, FP4D_DTYPE_BF16, 1},
+    };
     int major = 0;
     assert_int_equal(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0), cudaSuccess);
     for (size_t i = 0; i < sizeof rule / sizeof rule[0]; i++) {
@@ -650,6 +659,14 @@ static void test_cuda_wa_kslices(void **state)
         const int got = fp4d_cuda_wa_kslices(&a, 132);
         unsetenv("FP4DOCTOR_CUDA_WA_KSLICES");
         if (rule[i].want >= 0 || major == 9) assert_int_equal(got, rule[i].want >= 0 ? rule[i].want : rule[i].cc90);
+    }
+    for (size_t i = 0; i < sizeof fp4_rule / sizeof fp4_rule[0] && major == 9; i++) {
+        fp4d_skinny_args a = args_14336x4096(fp4_rule[i].max_rows);
+        a.n = fp4_rule[i].n;
+        a.k = fp4_rule[i].k;
+        a.a_type = fp4_rule[i].a_type;
+        a.splits = 8;
+        assert_int_equal(fp4d_cuda_wa_kslices(&a, 132), fp4_rule[i].cc90);
     }
 #endif
     static const int64_t shapes[][3] = {

@@ -4455,6 +4455,7 @@ static int launch_wa(const fp4d_skinny_args *args, cudaStream_t s, unsigned *clu
  * rounds against the split grid, W4A16) 4096x14336 M = 3 12.85-12.98 -> 12.16-12.36 us, M = 4
  * 12.74-12.90 -> 12.29-12.63 (115 KB staged), but M = 6 (172 KB) 12.87-12.89 -> 13.16-13.47;
  * 4096x4096 (at most 64 KB) M = 3..8 7.68-7.85 -> 6.26-6.76.
+ * FP4 activations at M <= 2 with K >= 8192 take the 32-row blocks as well (WA_KSLICES2_FP4_PHASES).
  * Returns the row groups of a K-slice block (1 or 2), 0 for the split grid.
  * FP4DOCTOR_CUDA_WA_KSLICES=0 turns it off; =1 / =2 take 16- / 32-row blocks wherever they can
  * run (16-row: up to 8 tokens whose whole K range stages within WA_SMEM_MAX; 32-row: up to 8
@@ -4463,6 +4464,13 @@ static int launch_wa(const fp4d_skinny_args *args, cudaStream_t s, unsigned *clu
  */
 constexpr int WA_KSLICES = 8;
 constexpr int64_t WA_KSLICES2_STAGE = 128 * 1024;
+/* FP4 activations at M <= 2 take 32-row blocks too from this many phases (K >= 8192): every
+ * block decodes the whole K range of activations, and 32-row blocks decode it half as often
+ * per SM. On an H200 (eighteenth session, four order-balanced rounds against 16-row blocks,
+ * W4A4 us): 4096x14336 M = 1 11.82-12.05 -> 11.26-11.58, M = 2 12.86-13.08 -> 11.82-12.19
+ * (W4A16 even, so bf16 keeps 16-row blocks); on 4096x4096 (two phases per warp) M = 1 was
+ * 0.6 us slower and M = 2 even. */
+constexpr int64_t WA_KSLICES2_FP4_PHASES = 32;
 
 extern "C" int fp4d_cuda_wa_kslices(const fp4d_skinny_args *args, int sm_count)
 {
@@ -4477,7 +4485,9 @@ extern "C" int fp4d_cuda_wa_kslices(const fp4d_skinny_args *args, int sm_count)
     if (forced == 1) return one_fits ? 1 : 0;
     if (forced == 2) return two_fits ? 2 : 0;
     const int64_t blocks1 = (args->n + 15) / 16 * args->num_items;
-    if (args->max_rows <= 2) return one_fits && blocks1 <= sms * wa_blocks_per_sm() ? 1 : 0;
+    const bool fp4_acts = args->a_type == FP4D_DTYPE_NVFP4 || args->a_type == FP4D_DTYPE_MXFP4;
+    if (args->max_rows <= 2 && !(fp4_acts && phases >= WA_KSLICES2_FP4_PHASES && two_fits && staged <= WA_KSLICES2_STAGE))
+        return one_fits && blocks1 <= sms * wa_blocks_per_sm() ? 1 : 0;
     return two_fits && staged <= WA_KSLICES2_STAGE ? 2 : 0;
 }
 
