@@ -161,11 +161,12 @@ typedef struct fp4d_skinny_args {
     const uint8_t        *single_codes;
     const uint8_t        *single_scales;
     float                 single_alpha;
-    /* > 0: the weight-streaming kernel stages the first stage_chunk phases of a warp's 16-bit
-     * activations before its main loop and the rest inside it, meeting the other warps of its
-     * K range once every stage_chunk phases; 0: all before the loop, as always for FP4
-     * activations (launch_wa sets it, FP4DOCTOR_CUDA_WA_STAGE overrides it: A/B timing,
-     * tests) */
+    /* > 0: where the weight-streaming kernel runs K slices with 16-bit activations (and staging
+     * them up front would take more than one batch of loads), it stages the first stage_chunk
+     * phases of a warp's activations before its main loop and the rest inside it, meeting the
+     * other warps of its K range once every stage_chunk phases; 0: all before the loop, as
+     * blocks of eight row groups and FP4 activations always do (launch_wa sets it from
+     * WA_STAGE_CHUNK; FP4DOCTOR_CUDA_WA_STAGE=upfront or =N overrides it: A/B timing, tests) */
     int32_t               stage_chunk;
 } fp4d_skinny_args;
 
