@@ -297,6 +297,16 @@ constexpr int SK_CHUNK = 128; /* k elements per warp step: 4 lanes x 32 */
 /* A kinds of the skinny kernel */
 enum { AK_BF16 = 0, AK_F16 = 1, AK_FP4 = 2 };
 
+/* A 16-byte unit of eight 16-bit activations k0..k7 as the pairs (k_i, k_{i+4}), i = 0..3:
+ * the k order in which the FP4 decode pairs nibbles i and i+4 of a code word (e2m1_pair). */
+__device__ __forceinline__ void act_pairs_i_i4(uint4 v, uint32_t out[4])
+{
+    out[0] = __byte_perm(v.x, v.z, 0x5410);
+    out[1] = __byte_perm(v.x, v.z, 0x7632);
+    out[2] = __byte_perm(v.y, v.w, 0x5410);
+    out[3] = __byte_perm(v.y, v.w, 0x7632);
+}
+
 /* Loads the 16 activation pairs (pair p = 4q + i holds elements 8q+i and 8q+i+4 of the
  * lane's 32) of one row; zero for rows outside the item. */
 template <int AK>
@@ -328,11 +338,7 @@ __device__ __forceinline__ void load_a_pairs(const fp4d_skinny_args &p, int64_t 
         const uint4 *src = (const uint4 *)((const uint16_t *)p.a + row * p.k + kel);
 #pragma unroll
         for (int q = 0; q < 4; q++) {
-            const uint4 v = __ldg(src + q);
-            out[4 * q + 0] = __byte_perm(v.x, v.z, 0x5410);
-            out[4 * q + 1] = __byte_perm(v.x, v.z, 0x7632);
-            out[4 * q + 2] = __byte_perm(v.y, v.w, 0x5410);
-            out[4 * q + 3] = __byte_perm(v.y, v.w, 0x7632);
+            act_pairs_i_i4(__ldg(src + q), out + 4 * q);
         }
     }
 }
@@ -717,11 +723,7 @@ __device__ __forceinline__ void dk_load_a_word(const fp4d_skinny_args &p, const 
     } else {
         (void)acodes;
         (void)ascale2;
-        const uint4 v = __ldg((const uint4 *)arow + q);
-        out[0] = __byte_perm(v.x, v.z, 0x5410);
-        out[1] = __byte_perm(v.x, v.z, 0x7632);
-        out[2] = __byte_perm(v.y, v.w, 0x5410);
-        out[3] = __byte_perm(v.y, v.w, 0x7632);
+        act_pairs_i_i4(__ldg((const uint4 *)arow + q), out);
     }
 }
 
@@ -1334,10 +1336,9 @@ __global__ void __launch_bounds__(RG * 32 * KH, RG * KH == WA_WARPS ? WA_MIN_BLO
         for (int i = 0; i < WA_LOOP_UNITS; i++) {
             const int m = warp + i * RG;
             if (m < mp) {
-                const uint4 v = ls_v[i];
-                wa_act[(ls_dst + i * RG * 32) ^ ((m & 1) << 2)] =
-                    make_uint4(__byte_perm(v.x, v.z, 0x5410), __byte_perm(v.x, v.z, 0x7632),
-                               __byte_perm(v.y, v.w, 0x5410), __byte_perm(v.y, v.w, 0x7632));
+                uint32_t o[4];
+                act_pairs_i_i4(ls_v[i], o);
+                wa_act[(ls_dst + i * RG * 32) ^ ((m & 1) << 2)] = make_uint4(o[0], o[1], o[2], o[3]);
             }
         }
         ls_dst += mp * 32;
@@ -1437,8 +1438,9 @@ __global__ void __launch_bounds__(RG * 32 * KH, RG * KH == WA_WARPS ? WA_MIN_BLO
 #pragma unroll
                 for (int i = 0; i < WA_STAGE_BATCH; i++) {
                     if (to[i] < 0) break;
-                    wa_act[to[i]] = make_uint4(__byte_perm(v[i].x, v[i].z, 0x5410), __byte_perm(v[i].x, v[i].z, 0x7632),
-                                               __byte_perm(v[i].y, v[i].w, 0x5410), __byte_perm(v[i].y, v[i].w, 0x7632));
+                    uint32_t o[4];
+                    act_pairs_i_i4(v[i], o);
+                    wa_act[to[i]] = make_uint4(o[0], o[1], o[2], o[3]);
                 }
             }
         }
@@ -1894,11 +1896,7 @@ __global__ void __launch_bounds__(FG_THREADS, MINB) fused_kernel(const fused_arg
                 for (int h = 0; h < 2; h++) {
                     const int r = wm * 64 + mi * 16 + g + h * 8;
                     const int ch = 2 * j + w;
-                    const uint4 v = *(const uint4 *)(sbase + r * 128 + ((ch ^ (r & 1)) << 4));
-                    af[h][0] = __byte_perm(v.x, v.z, 0x5410);
-                    af[h][1] = __byte_perm(v.x, v.z, 0x7632);
-                    af[h][2] = __byte_perm(v.y, v.w, 0x5410);
-                    af[h][3] = __byte_perm(v.y, v.w, 0x7632);
+                    act_pairs_i_i4(*(const uint4 *)(sbase + r * 128 + ((ch ^ (r & 1)) << 4)), af[h]);
                 }
 #pragma unroll
                 for (int s = 0; s < 2; s++) {
@@ -4485,10 +4483,11 @@ extern "C" int fp4d_cuda_wa_kslices(const fp4d_skinny_args *args, int sm_count)
     if (forced == 1) return one_fits ? 1 : 0;
     if (forced == 2) return two_fits ? 2 : 0;
     const int64_t blocks1 = (args->n + 15) / 16 * args->num_items;
-    const bool fp4_acts = args->a_type == FP4D_DTYPE_NVFP4 || args->a_type == FP4D_DTYPE_MXFP4;
-    if (args->max_rows <= 2 && !(fp4_acts && phases >= WA_KSLICES2_FP4_PHASES && two_fits && staged <= WA_KSLICES2_STAGE))
-        return one_fits && blocks1 <= sms * wa_blocks_per_sm() ? 1 : 0;
-    return two_fits && staged <= WA_KSLICES2_STAGE ? 2 : 0;
+    const bool two_wanted = two_fits && staged <= WA_KSLICES2_STAGE;
+    const bool fp4_long = (args->a_type == FP4D_DTYPE_NVFP4 || args->a_type == FP4D_DTYPE_MXFP4) &&
+                          phases >= WA_KSLICES2_FP4_PHASES;
+    if (args->max_rows <= 2 && !(fp4_long && two_wanted)) return one_fits && blocks1 <= sms * wa_blocks_per_sm() ? 1 : 0;
+    return two_wanted ? 2 : 0;
 }
 
 template <int AK, bool BNV> static int launch_wa_rows(const fp4d_skinny_args *args, cudaStream_t s, unsigned *cluster)
