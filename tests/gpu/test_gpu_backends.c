@@ -437,10 +437,12 @@ static void test_cuda_wa_two_warps_per_row_group(void **state)
     };
     const size_t count = sizeof shapes / sizeof shapes[0];
     setenv("FP4DOCTOR_CUDA_WA_KSLICES", "0", 1); /* M <= 2 in row groups too */
+    setenv("FP4DOCTOR_CUDA_WA_RG", "8", 1);      /* eight row groups (8x7168 in one split would take 16) */
     small_m_sweep_with("FP4DOCTOR_CUDA_WA_HALVES", "2", "wa, two warps per row group", shapes, count);
     setenv("FP4DOCTOR_CUDA_WA_SPLITS", "1", 1);
     small_m_sweep_with("FP4DOCTOR_CUDA_WA_HALVES", "2", "wa, two warps per row group, one split", shapes, count);
     unsetenv("FP4DOCTOR_CUDA_WA_SPLITS");
+    unsetenv("FP4DOCTOR_CUDA_WA_RG");
     unsetenv("FP4DOCTOR_CUDA_WA_KSLICES");
 #ifdef FP4D_TEST_CUDA_KERNELS
     /* the rule itself, on 132 SMs: 14336x4096 at M = 1 or 16 in one split (112 blocks of 16
@@ -478,8 +480,10 @@ static void test_cuda_wa_wide_staging(void **state)
     };
     const size_t count = sizeof shapes / sizeof shapes[0];
     setenv("FP4DOCTOR_CUDA_WA_SPLITS", "1", 1);
+    setenv("FP4DOCTOR_CUDA_WA_RG", "8", 1); /* 16x257x4096 in one split would take 16 row groups */
     small_m_sweep_with("FP4DOCTOR_CUDA_WA_HALVES", "1", "wa, wide staging", shapes, count);
     small_m_sweep_with("FP4DOCTOR_CUDA_WA_HALVES", "2", "wa, wide staging, two warps per row group", shapes, count);
+    unsetenv("FP4DOCTOR_CUDA_WA_RG");
     unsetenv("FP4DOCTOR_CUDA_WA_SPLITS");
 #ifdef FP4D_TEST_CUDA_KERNELS
     /* the planner, on this GPU: 14336x4096 at M = 16 in one split when wide staging fits (a
@@ -603,6 +607,111 @@ static void test_cuda_wa_cluster_exchange(void **state)
     unsetenv("FP4DOCTOR_CUDA_GEMV_MAX_M");
     unsetenv("FP4DOCTOR_CUDA_WA_KSLICES");
     fprintf(stderr, "  cuda wa, cluster exchange: %d cases, %d failed\n", cases, failures);
+    assert_int_equal(failures, 0);
+    fp4d_backend_close(b);
+}
+
+/*
+ * Blocks of 16 row groups (fp4d_cuda_wa_row_groups: 256 rows, one block per SM). Forced
+ * wherever they fit, with the planner's splits (as many as fit: up to 32 splits of one phase,
+ * exchanged through global memory past 16) and with 3 (uneven K ranges, a cluster of 3),
+ * against the reference; then against blocks of eight row groups with the same splits forced:
+ * the same phases added in the same order, so the outputs must be bit-identical, for every
+ * activation type, both weight formats and every output type. On compute capability 9.0 the
+ * rule itself, on 132 SMs.
+ */
+static void test_cuda_wa_wide_blocks(void **state)
+{
+    (void)state;
+    fp4d_backend_t b = open_or_skip("cuda");
+    if (!b) skip();
+#ifdef FP4D_TEST_CUDA_KERNELS
+    int major = 0;
+    assert_int_equal(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0), cudaSuccess);
+    static const struct {
+        int64_t n, k;
+        int32_t max_rows;
+        const char *env; /* FP4DOCTOR_CUDA_WA_RG, or NULL */
+        int row_groups, splits; /* splits: the planner's, with the stream layout */
+    } rule[] = {
+        {7168, 18432, 16, NULL, 16, 4}, {7168, 18432, 3, NULL, 16, 4}, {7168, 18432, 2, NULL, 8, 0},
+        {7168, 18432, 16, "8", 8, 0},   {28672, 8192, 8, NULL, 16, 1}, {28672, 8192, 16, NULL, 8, 0},
+        {14336, 4096, 16, NULL, 8, 1},  {4096, 14336, 16, NULL, 8, 0}, {14336, 4096, 16, "16", 16, 2},
+    };
+    for (size_t i = 0; i < sizeof rule / sizeof rule[0] && major == 9; i++) {
+        fp4d_skinny_args a = args_14336x4096(rule[i].max_rows);
+        a.n = rule[i].n;
+        a.k = rule[i].k;
+        a.b_stream_codes = 1;
+        if (rule[i].env) setenv("FP4DOCTOR_CUDA_WA_RG", rule[i].env, 1);
+        assert_int_equal(fp4d_cuda_wa_row_groups(&a, 132), rule[i].row_groups);
+        if (rule[i].splits > 0) assert_int_equal(fp4d_cuda_skinny_pick_splits(&a, 132), rule[i].splits);
+        unsetenv("FP4DOCTOR_CUDA_WA_RG");
+    }
+#endif
+    static const int64_t shapes[][3] = {
+        {1, 300, 4096}, {3, 7, 768}, {5, 129, 1536}, {8, 16, 7168}, {9, 200, 1024}, {12, 513, 2304}, {16, 257, 8192},
+    };
+    const size_t count = sizeof shapes / sizeof shapes[0];
+    setenv("FP4DOCTOR_CUDA_WA_KSLICES", "0", 1); /* M <= 8 in row groups too */
+    small_m_sweep_with("FP4DOCTOR_CUDA_WA_RG", "16", "wa, 16 row groups", shapes, count);
+    setenv("FP4DOCTOR_CUDA_WA_SPLITS", "3", 1);
+    small_m_sweep_with("FP4DOCTOR_CUDA_WA_RG", "16", "wa, 16 row groups, 3 splits", shapes, count);
+
+    /* M, N, K, splits: within the eight-group blocks' staging budget, so both grids run */
+    static const int64_t same[][4] = {
+        {16, 300, 4096, 2}, {5, 257, 8192, 4}, {12, 129, 6144, 3}, {3, 513, 4096, 2}, {9, 40, 14336, 4}, {1, 700, 2048, 2},
+    };
+    static const fp4d_dtype acts[] = {FP4D_DTYPE_BF16, FP4D_DTYPE_NVFP4, FP4D_DTYPE_F16, FP4D_DTYPE_MXFP4};
+    setenv("FP4DOCTOR_CUDA_GEMV_MAX_M", "0", 1); /* M = 1 to the stream kernel too */
+    setenv("FP4DOCTOR_CUDA_WA_HALVES", "1", 1);
+    int cases = 0, failures = 0;
+    for (size_t i = 0; i < sizeof same / sizeof same[0]; i++)
+        for (size_t ai = 0; ai < 4; ai++) {
+            const size_t rot = i + ai;
+            const int64_t M = same[i][0], N = same[i][1], K = same[i][2];
+            const fp4d_dtype at = acts[ai], bt = at == FP4D_DTYPE_F16 || rot % 2 ? FP4D_DTYPE_NVFP4 : FP4D_DTYPE_MXFP4;
+            const fp4d_dtype ot = out_types[rot % 3];
+            operand A, B;
+            make_operand(&A, at, layouts[rot % 3], M, K);
+            make_operand(&B, bt, layouts[(rot + 1) % 3], N, K);
+            char splits[16];
+            snprintf(splits, sizeof splits, "%lld", (long long)same[i][3]);
+            setenv("FP4DOCTOR_CUDA_WA_SPLITS", splits, 1);
+            setenv("FP4DOCTOR_CUDA_WA_RG", "16", 1);
+            void *wide = gemm_into_new(b, &A, &B, ot);
+            setenv("FP4DOCTOR_CUDA_WA_RG", "8", 1);
+            void *narrow = gemm_into_new(b, &A, &B, ot);
+            unsetenv("FP4DOCTOR_CUDA_WA_RG");
+            char label[160];
+            snprintf(label, sizeof label, "%s x %s -> %s M=%lld N=%lld K=%lld, %s splits", fp4d_dtype_get(at)->name,
+                     fp4d_dtype_get(bt)->name, fp4d_dtype_get(ot)->name, (long long)M, (long long)N, (long long)K,
+                     splits);
+            if (memcmp(wide, narrow, (size_t)(M * N) * (ot == FP4D_DTYPE_F32 ? 4 : 2)) != 0) {
+                fprintf(stderr, "  %s: 16 and 8 row groups differ\n", label);
+                failures++;
+            } else if (rot % 4 == 0) {
+                void *ref = malloc((size_t)(M * N) * 4);
+                assert_non_null(ref);
+                fp4d_gemm_problem p = {A.m, B.m, 0.75f, ot, ref};
+                assert_int_equal(fp4d_ref_gemm(&p), FP4D_STATUS_OK);
+                float *af = to_f32(&A.m), *bf = to_f32(&B.m);
+                if (compare(label, &p, wide, ref, af, bf, 0)) failures++;
+                free(af);
+                free(bf);
+                free(ref);
+            }
+            cases++;
+            free(wide);
+            free(narrow);
+            free_operand(&A);
+            free_operand(&B);
+        }
+    unsetenv("FP4DOCTOR_CUDA_WA_SPLITS");
+    unsetenv("FP4DOCTOR_CUDA_WA_HALVES");
+    unsetenv("FP4DOCTOR_CUDA_WA_KSLICES");
+    unsetenv("FP4DOCTOR_CUDA_GEMV_MAX_M");
+    fprintf(stderr, "  cuda wa, 16 against 8 row groups: %d cases, %d differ\n", cases, failures);
     assert_int_equal(failures, 0);
     fp4d_backend_close(b);
 }
@@ -1272,6 +1381,7 @@ int main(void)
         cmocka_unit_test(test_cuda_wa_two_warps_per_row_group),
         cmocka_unit_test(test_cuda_wa_wide_staging),
         cmocka_unit_test(test_cuda_wa_cluster_exchange),
+        cmocka_unit_test(test_cuda_wa_wide_blocks),
         cmocka_unit_test(test_cuda_wa_kslices),
         cmocka_unit_test(test_cuda_pdl_chain),
         cmocka_unit_test(test_cuda_quantize_bit_identical),

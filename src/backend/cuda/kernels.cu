@@ -1086,6 +1086,8 @@ __global__ void __launch_bounds__(DK_WARPS * 32, 3) decode_kernel(const fp4d_ski
 
 constexpr int WA_WARPS = 8;
 constexpr int WA_ROWS = WA_WARPS * 16;  /* weight rows per block */
+constexpr int WA_WIDE_RG = 16;         /* row groups per block of the wide grid (wa_wide_splits) */
+constexpr int WA_WIDE_ROWS = WA_WIDE_RG * 16;
 constexpr int WA_PHASE = 256;           /* k per phase: 128 bytes of each weight row */
 /* register buffers: phases in flight + 1. ptxas gives every global load of this kernel one
  * dependency barrier, so the wait for a phase's loads also waits for every phase issued after
@@ -1097,6 +1099,9 @@ constexpr int WA_PHASE = 256;           /* k per phase: 128 bytes of each weight
  * phase alone (cp.async, 3-4 stages) were slower: the copies read their address registers
  * late and ptxas makes later instructions wait for those reads (docs/performance.md,
  * seventeenth session). */
+#ifndef WA_HACK
+#define WA_HACK 0
+#endif
 constexpr int WA_DEPTH = 2;
 constexpr int WA_SMEM_MAX = 96 * 1024;  /* staged activations per block (two blocks per SM) */
 constexpr int WA_MIN_BLOCKS = 16 / WA_WARPS; /* resident blocks per SM the registers must allow */
@@ -1196,7 +1201,7 @@ __device__ __forceinline__ uint32_t lds32(uint32_t addr)
 }
 
 /* blocks of WA_WARPS warps (eight row groups, or K slices) must fit WA_MIN_BLOCKS per SM;
- * those of two warps per row group run one per SM */
+ * those of two warps per row group, or of WA_WIDE_RG row groups, run one per SM */
 template <int AK, bool BNV, int MT, int KH = 1, int RG = WA_WARPS>
 __global__ void __launch_bounds__(RG * 32 * KH, RG * KH == WA_WARPS ? WA_MIN_BLOCKS : 1) wa_kernel(const fp4d_skinny_args p)
 {
@@ -1497,7 +1502,7 @@ __global__ void __launch_bounds__(RG * 32 * KH, RG * KH == WA_WARPS ? WA_MIN_BLO
                 const uint32_t wh = q == 0 ? w[c][1].x : q == 1 ? w[c][1].y : q == 2 ? w[c][1].z : w[c][1].w;
                 uint4 b[MT];
 #pragma unroll
-                for (int mt = 0; mt < MT; mt++) b[mt] = lds128(bph[mt][q & 1] + 64u * (4 * c + q)); /* [R + imm] */
+                for (int mt = 0; mt < MT; mt++) b[mt] = (WA_HACK == 1 && mt > 0) ? b[0] : lds128(bph[mt][q & 1] + 64u * (4 * c + q)); /* [R + imm] */
                 const uint32_t sl = BNV ? sp[0][2 * c + (q >> 1)] : sp[0][c];
                 const uint32_t sh = BNV ? sp[1][2 * c + (q >> 1)] : sp[1][c];
 #pragma unroll
@@ -1520,7 +1525,7 @@ __global__ void __launch_bounds__(RG * 32 * KH, RG * KH == WA_WARPS ? WA_MIN_BLO
                         a[3] = mul2<false>(mul2<false>(r3, pow2_126), sh);
                     }
 #pragma unroll
-                    for (int mt = 0; mt < MT; mt++) {
+                    for (int mt = 0; mt < (WA_HACK == 2 ? 1 : MT); mt++) {
                         const uint32_t bb[2] = {st == 0 ? b[mt].x : b[mt].z, st == 0 ? b[mt].y : b[mt].w};
                         mma_16816<F16>(st == 0 ? acc[mt] : acc2[mt], a, bb);
                     }
@@ -4161,8 +4166,10 @@ static int64_t wa_max_phases_per_block(int32_t max_rows, bool wide)
  * stages (and for FP4 activations decodes) its whole K range before its first phase, and that
  * prologue grows with the range. FP4DOCTOR_CUDA_WA_WIDE=0 turns it off (A/B timing).
  */
-static bool wa_staging_fits(int64_t pps, int32_t max_rows, int64_t blocks, int64_t splits, int64_t sms)
+static bool wa_staging_fits(int64_t pps, int32_t max_rows, int64_t blocks, int64_t splits, int64_t sms, int rg = WA_WARPS)
 {
+    /* blocks of more row groups run one per SM, any splits (wa_wide_grid_fits) */
+    if (rg > WA_WARPS) return blocks <= sms && pps <= wa_max_phases_per_block(max_rows, true);
     if (pps <= wa_max_phases_per_block(max_rows, false)) return true;
     const char *wide = getenv("FP4DOCTOR_CUDA_WA_WIDE");
     if (wide && atoi(wide) == 0) return false;
@@ -4200,7 +4207,10 @@ extern "C" void fp4d_cuda_skinny_scratch(int64_t n, int32_t num_items, int32_t s
     const int mt = max_rows > 16 ? 2 : 1;
     const size_t sk = (size_t)tiles * splits * (mt * SK_NT * 4) * 32;
     const size_t dk = (size_t)dk_tiles * splits * DK_SLOTS;
-    const size_t wa = (size_t)wa_tiles * splits * (WA_WARPS * 2 * 4 * 32);
+    const int64_t wide_tiles = (n + WA_WIDE_ROWS - 1) / WA_WIDE_ROWS * num_items;
+    const size_t wa8 = (size_t)wa_tiles * splits * (WA_WARPS * 2 * 4 * 32);
+    const size_t wa16 = (size_t)wide_tiles * splits * (WA_WIDE_RG * 2 * 4 * 32);
+    const size_t wa = wa8 > wa16 ? wa8 : wa16;
     size_t most = sk > dk ? sk : dk;
     if (wa > most) most = wa;
     *partial_bytes = splits > 1 ? most * sizeof(float) : 0;
@@ -4216,8 +4226,60 @@ static int decode_blocks_per_sm(void)
     return cached;
 }
 
+/*
+ * Blocks of WA_WIDE_RG row groups (256 rows, 16 warps, one block per SM) for split grids: the
+ * activations a block stages serve twice the rows of an eight-group block, so the grid takes
+ * half as many bytes of them from L2 (a grid of 128-row blocks stages N / 128 x K x M x 2
+ * bytes: 33 MB at 7168x18432 and M = 16, half the weights' 66 MB). They run one wave, as many
+ * K splits as 256-row tiles fit on the SMs, with the whole shared memory of a block for the
+ * staging. Taken where that leaves every block at least WA_WIDE_MIN_PHASES phases and M >= 3.
+ * On an H200 (two order-balanced rounds against the eight-group grid, us, W4A16 (W4A4)):
+ * 7168x18432 M = 4 21.56-21.90 -> 20.97-21.39, M = 8 22.41-22.77 -> 21.68-21.99, M = 12
+ * 30.1-30.4 -> 26.0-26.4, M = 16 30.66-31.17 -> 26.33-27.10 (33.6-34.2 -> 27.1-27.9);
+ * 28672x8192 M = 8 40.3-40.7 -> 33.4-33.9, M = 12 48.8-49.5 -> 38.8-39.9; 8192x28672 M = 8
+ * 37.1-37.7 -> 34.1-34.2, M = 12 43.7-44.1 -> 38.1-39.1. Where blocks would hold fewer phases
+ * it was slower: 14336x4096 (two splits of 8 phases, against the unsplit grid of two warps per
+ * row group) 1.6-1.8 us slower at every M, 4096x14336 (8 splits of 7) at M = 16 W4A16 15.9 ->
+ * 16.4 (W4A4 17.5 -> 17.1), 4096x4096 M = 16 10.1 -> 10.5; at M <= 2 (little
+ * to stage) even or 0.1-0.3 us slower (7168x18432 M = 1 20.76-21.16 -> 20.82-21.13).
+ * docs/performance.md, nineteenth session.
+ */
+constexpr int64_t WA_WIDE_MIN_PHASES = 16;
+
+/* Whether a grid of WA_WIDE_RG-group blocks in `splits` K splits runs at all: one wave (one
+ * block per SM), the staging within a block's shared memory. */
+static bool wa_wide_grid_fits(const fp4d_skinny_args *args, int64_t splits, int64_t sms)
+{
+    const int64_t tiles = (args->n + WA_WIDE_ROWS - 1) / WA_WIDE_ROWS * args->num_items;
+    const int64_t phases = args->k / WA_PHASE;
+    return splits >= 1 && splits <= phases && tiles * splits <= sms &&
+           (phases + splits - 1) / splits <= wa_max_phases_per_block(args->max_rows, true);
+}
+
+/* The K splits of the WA_WIDE_RG-group grid where the stream kernel takes it for args, else 0.
+ * FP4DOCTOR_CUDA_WA_RG=8 turns it off, =16 takes it wherever it fits (any M and phases per
+ * block; A/B timing, tests); FP4DOCTOR_CUDA_WA_SPLITS sets the splits where they fit. */
+static int64_t wa_wide_splits(const fp4d_skinny_args *args, int sm_count)
+{
+    const int64_t forced = env_int("FP4DOCTOR_CUDA_WA_RG", 0), sms = sm_count > 0 ? sm_count : 132;
+    if (forced != 0 && forced != WA_WIDE_RG) return 0;
+    const int64_t tiles = (args->n + WA_WIDE_ROWS - 1) / WA_WIDE_ROWS * args->num_items;
+    const int64_t phases = args->k / WA_PHASE, most = min(sms / (tiles > 0 ? tiles : 1), phases);
+    const int64_t splits = env_int("FP4DOCTOR_CUDA_WA_SPLITS", most);
+    if (!wa_wide_grid_fits(args, splits, sms)) return 0;
+    if (forced == WA_WIDE_RG) return splits;
+    return args->max_rows >= 3 && phases / splits >= WA_WIDE_MIN_PHASES ? splits : 0;
+}
+
+extern "C" int fp4d_cuda_wa_row_groups(const fp4d_skinny_args *args, int sm_count)
+{
+    return wa_wide_splits(args, sm_count) > 0 ? WA_WIDE_RG : WA_WARPS;
+}
+
 extern "C" int32_t fp4d_cuda_skinny_pick_splits(const fp4d_skinny_args *args, int sm_count)
 {
+    const int64_t wide_splits = wa_kernel_applies(args) ? wa_wide_splits(args, sm_count) : 0;
+    if (wide_splits > 0) return (int32_t)wide_splits;
     const int64_t n = args->n, k = args->k;
     const int32_t num_items = args->num_items, max_rows = args->max_rows;
     const int64_t sms = sm_count > 0 ? sm_count : 132;
@@ -4397,7 +4459,7 @@ static int launch_wa(const fp4d_skinny_args *args, cudaStream_t s, unsigned *clu
     const int64_t phases = args->k / WA_PHASE, pps = (phases + args->splits - 1) / args->splits;
     const dim3 grid((unsigned)((args->n + RG * 16 - 1) / (RG * 16)), (unsigned)args->splits, (unsigned)args->num_items);
     const int64_t blocks = (int64_t)grid.x * grid.y * grid.z;
-    if (args->splits > phases || !wa_staging_fits(pps, args->max_rows, blocks, args->splits, current_sm_count()))
+    if (args->splits > phases || !wa_staging_fits(pps, args->max_rows, blocks, args->splits, current_sm_count(), RG))
         return (int)cudaErrorInvalidValue;
     /* the staged activations (or the padding) may exceed the 48 KB default; set on every
      * launch (the attribute is per device, and the call is cheap), always to the same value
@@ -4499,6 +4561,11 @@ template <int AK, bool BNV> static int launch_wa_rows(const fp4d_skinny_args *ar
         return slices == 2 ? launch_wa<AK, BNV, 1, WA_KSLICES, 2>(&one, s, cluster)
                            : launch_wa<AK, BNV, 1, WA_KSLICES, 1>(&one, s, cluster);
     }
+    /* the planner's splits for the wide grid (launches with other splits, e.g. from tests,
+     * take the eight-group grid) */
+    if (wa_wide_splits(args, (int)current_sm_count()) == args->splits)
+        return args->max_rows > 8 ? launch_wa<AK, BNV, 2, 1, WA_WIDE_RG>(args, s, cluster)
+                                  : launch_wa<AK, BNV, 1, 1, WA_WIDE_RG>(args, s, cluster);
     if (fp4d_cuda_wa_warps_per_row_group(args, (int)current_sm_count()) == 2)
         return args->max_rows > 8 ? launch_wa<AK, BNV, 2, 2>(args, s, cluster) : launch_wa<AK, BNV, 1, 2>(args, s, cluster);
     return args->max_rows > 8 ? launch_wa<AK, BNV, 2, 1>(args, s, cluster) : launch_wa<AK, BNV, 1, 1>(args, s, cluster);

@@ -188,6 +188,12 @@ int fp4d_cuda_wa_warps_per_row_group(const fp4d_skinny_args *args, int sm_count)
  * staged); else 0. FP4DOCTOR_CUDA_WA_KSLICES=0 turns it off, =1|2 takes that many row groups
  * wherever they can run. */
 int fp4d_cuda_wa_kslices(const fp4d_skinny_args *args, int sm_count);
+/* Row groups of 16 rows per block of the weight-streaming kernel's split grid for `args` on a
+ * GPU of sm_count multiprocessors where K slices do not take it: 16 (one block per SM; the
+ * planner's splits are then as many as such tiles fit on the SMs) where every block keeps 16+
+ * phases of 256 k and M >= 3, else 8. FP4DOCTOR_CUDA_WA_RG=8|16 forces it (16: wherever the
+ * grid fits in one wave). */
+int fp4d_cuda_wa_row_groups(const fp4d_skinny_args *args, int sm_count);
 /* Blocks per thread block cluster the weight-streaming kernel would launch `args` with on the
  * current device: the splits, where they exchange their sums through the cluster's shared
  * memory (compute capability 9.0+, 2..16 splits, no more waves than plain blocks;
