@@ -1099,9 +1099,6 @@ constexpr int WA_PHASE = 256;           /* k per phase: 128 bytes of each weight
  * phase alone (cp.async, 3-4 stages) were slower: the copies read their address registers
  * late and ptxas makes later instructions wait for those reads (docs/performance.md,
  * seventeenth session). */
-#ifndef WA_HACK
-#define WA_HACK 0
-#endif
 constexpr int WA_DEPTH = 2;
 constexpr int WA_SMEM_MAX = 96 * 1024;  /* staged activations per block (two blocks per SM) */
 constexpr int WA_MIN_BLOCKS = 16 / WA_WARPS; /* resident blocks per SM the registers must allow */
@@ -1502,7 +1499,7 @@ __global__ void __launch_bounds__(RG * 32 * KH, RG * KH == WA_WARPS ? WA_MIN_BLO
                 const uint32_t wh = q == 0 ? w[c][1].x : q == 1 ? w[c][1].y : q == 2 ? w[c][1].z : w[c][1].w;
                 uint4 b[MT];
 #pragma unroll
-                for (int mt = 0; mt < MT; mt++) b[mt] = (WA_HACK == 1 && mt > 0) ? b[0] : lds128(bph[mt][q & 1] + 64u * (4 * c + q)); /* [R + imm] */
+                for (int mt = 0; mt < MT; mt++) b[mt] = lds128(bph[mt][q & 1] + 64u * (4 * c + q)); /* [R + imm] */
                 const uint32_t sl = BNV ? sp[0][2 * c + (q >> 1)] : sp[0][c];
                 const uint32_t sh = BNV ? sp[1][2 * c + (q >> 1)] : sp[1][c];
 #pragma unroll
@@ -1525,7 +1522,7 @@ __global__ void __launch_bounds__(RG * 32 * KH, RG * KH == WA_WARPS ? WA_MIN_BLO
                         a[3] = mul2<false>(mul2<false>(r3, pow2_126), sh);
                     }
 #pragma unroll
-                    for (int mt = 0; mt < (WA_HACK == 2 ? 1 : MT); mt++) {
+                    for (int mt = 0; mt < MT; mt++) {
                         const uint32_t bb[2] = {st == 0 ? b[mt].x : b[mt].z, st == 0 ? b[mt].y : b[mt].w};
                         mma_16816<F16>(st == 0 ? acc[mt] : acc2[mt], a, bb);
                     }
