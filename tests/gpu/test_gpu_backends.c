@@ -517,6 +517,80 @@ static void *gemm_into_new(fp4d_backend_t b, const operand *A, const operand *B,
     return out;
 }
 
+/* The activation types the bit-identity sweeps below rotate through. */
+static const fp4d_dtype same_bits_acts[] = {FP4D_DTYPE_BF16, FP4D_DTYPE_NVFP4, FP4D_DTYPE_F16, FP4D_DTYPE_MXFP4};
+
+/* One case of those sweeps: M x K activations of type at against N x K weights of format bt,
+ * scale layouts and output type rotated by rot, and a label naming it. */
+typedef struct {
+    int64_t m, n, k;
+    fp4d_dtype ot;
+    operand a, b;
+    char label[160];
+} same_bits_case;
+
+static void same_bits_case_make(same_bits_case *c, int64_t m, int64_t n, int64_t k, fp4d_dtype at, fp4d_dtype bt,
+                                size_t rot, const char *suffix)
+{
+    c->m = m;
+    c->n = n;
+    c->k = k;
+    c->ot = out_types[rot % 3];
+    make_operand(&c->a, at, layouts[rot % 3], m, k);
+    make_operand(&c->b, bt, layouts[(rot + 1) % 3], n, k);
+    snprintf(c->label, sizeof c->label, "%s x %s -> %s M=%lld N=%lld K=%lld%s", fp4d_dtype_get(at)->name,
+             fp4d_dtype_get(bt)->name, fp4d_dtype_get(c->ot)->name, (long long)m, (long long)n, (long long)k, suffix);
+}
+
+/* ... with activations same_bits_acts[ai] and NVFP4 weights, MXFP4 where rot is even (f16
+ * activations take NVFP4 weights only) */
+static void same_bits_case_rotated(same_bits_case *c, const int64_t mnk[3], size_t ai, size_t rot, const char *suffix)
+{
+    const fp4d_dtype at = same_bits_acts[ai % 4];
+    const fp4d_dtype bt = at == FP4D_DTYPE_F16 || rot % 2 ? FP4D_DTYPE_NVFP4 : FP4D_DTYPE_MXFP4;
+    same_bits_case_make(c, mnk[0], mnk[1], mnk[2], at, bt, rot, suffix);
+}
+
+static void same_bits_case_free(same_bits_case *c)
+{
+    free_operand(&c->a);
+    free_operand(&c->b);
+}
+
+/* Runs the case with the environment variable `var` set to `first`, then to `second` (unset
+ * afterwards). Returns the first output where the two are bit-identical, else NULL, having
+ * said so. */
+static void *same_bits_under(fp4d_backend_t b, const same_bits_case *c, const char *var, const char *first,
+                             const char *second)
+{
+    setenv(var, first, 1);
+    void *one = gemm_into_new(b, &c->a, &c->b, c->ot);
+    setenv(var, second, 1);
+    void *two = gemm_into_new(b, &c->a, &c->b, c->ot);
+    unsetenv(var);
+    const bool same = memcmp(one, two, (size_t)(c->m * c->n) * (c->ot == FP4D_DTYPE_F32 ? 4 : 2)) == 0;
+    free(two);
+    if (same) return one;
+    fprintf(stderr, "  %s: %s=%s and %s=%s differ\n", c->label, var, first, var, second);
+    free(one);
+    return NULL;
+}
+
+/* Whether `out` (the case's output) is within the reference's tolerance. */
+static bool same_bits_case_passes(const same_bits_case *c, const void *out)
+{
+    void *ref = malloc((size_t)(c->m * c->n) * 4);
+    assert_non_null(ref);
+    fp4d_gemm_problem p = {c->a.m, c->b.m, 0.75f, c->ot, ref};
+    assert_int_equal(fp4d_ref_gemm(&p), FP4D_STATUS_OK);
+    float *af = to_f32(&c->a.m), *bf = to_f32(&c->b.m);
+    const bool ok = compare(c->label, &p, out, ref, af, bf, 0) == 0;
+    free(af);
+    free(bf);
+    free(ref);
+    return ok;
+}
+
 /*
  * The stream kernel's split-K exchange through the shared memory of a thread block cluster
  * (compute capability 9.0+: the splits of a tile run as one cluster) against the exchange
@@ -554,7 +628,6 @@ static void test_cuda_wa_cluster_exchange(void **state)
     unsetenv("FP4DOCTOR_CUDA_WA_CLUSTER");
 #endif
     static const int64_t shapes[][3] = {{1, 257, 4096}, {5, 300, 4096}, {9, 129, 8192}, {16, 40, 4096}};
-    static const fp4d_dtype acts[] = {FP4D_DTYPE_BF16, FP4D_DTYPE_NVFP4, FP4D_DTYPE_F16, FP4D_DTYPE_MXFP4};
     const bool quick = getenv("FP4D_GPU_TEST_QUICK") != NULL;
     setenv("FP4DOCTOR_CUDA_GEMV_MAX_M", "0", 1); /* M = 1 to the stream kernel too */
     setenv("FP4DOCTOR_CUDA_WA_KSLICES", "0", 1); /* M = 1 in splits too */
@@ -563,46 +636,22 @@ static void test_cuda_wa_cluster_exchange(void **state)
         for (size_t hi = 0; hi < sizeof shapes / sizeof shapes[0]; hi++) {
             const size_t rot = si + hi;
             if (quick && rot % 2) continue;
-            const int64_t M = shapes[hi][0], N = shapes[hi][1], K = shapes[hi][2];
-            const fp4d_dtype at = acts[rot % 4], bt = at == FP4D_DTYPE_F16 || rot % 3 ? FP4D_DTYPE_NVFP4 : FP4D_DTYPE_MXFP4;
-            const fp4d_dtype ot = out_types[rot % 3];
-            operand A, B;
-            make_operand(&A, at, layouts[rot % 3], M, K);
-            make_operand(&B, bt, layouts[(rot + 1) % 3], N, K);
-            char count[16];
+            const fp4d_dtype at = same_bits_acts[rot % 4];
+            const fp4d_dtype bt = at == FP4D_DTYPE_F16 || rot % 3 ? FP4D_DTYPE_NVFP4 : FP4D_DTYPE_MXFP4;
+            char count[16], suffix[32];
             snprintf(count, sizeof count, "%d", (int)splits[si]);
+            snprintf(suffix, sizeof suffix, ", %s splits", count);
+            same_bits_case c;
+            same_bits_case_make(&c, shapes[hi][0], shapes[hi][1], shapes[hi][2], at, bt, rot, suffix);
             setenv("FP4DOCTOR_CUDA_WA_SPLITS", count, 1);
             setenv("FP4DOCTOR_CUDA_WA_HALVES", rot % 2 ? "2" : "1", 1);
-            void *clustered = gemm_into_new(b, &A, &B, ot);
-            setenv("FP4DOCTOR_CUDA_WA_CLUSTER", "0", 1);
-            void *global = gemm_into_new(b, &A, &B, ot);
-            unsetenv("FP4DOCTOR_CUDA_WA_CLUSTER");
+            void *clustered = same_bits_under(b, &c, "FP4DOCTOR_CUDA_WA_CLUSTER", "1", "0");
             unsetenv("FP4DOCTOR_CUDA_WA_HALVES");
             unsetenv("FP4DOCTOR_CUDA_WA_SPLITS");
-            char label[160];
-            snprintf(label, sizeof label, "%s x %s -> %s M=%lld N=%lld K=%lld, %s splits", fp4d_dtype_get(at)->name,
-                     fp4d_dtype_get(bt)->name, fp4d_dtype_get(ot)->name, (long long)M, (long long)N, (long long)K,
-                     count);
-            const size_t bytes = (size_t)(M * N) * (ot == FP4D_DTYPE_F32 ? 4 : 2);
-            if (memcmp(clustered, global, bytes) != 0) {
-                fprintf(stderr, "  %s: the two exchanges differ\n", label);
-                failures++;
-            } else {
-                void *ref = malloc((size_t)(M * N) * 4);
-                assert_non_null(ref);
-                fp4d_gemm_problem p = {A.m, B.m, 0.75f, ot, ref};
-                assert_int_equal(fp4d_ref_gemm(&p), FP4D_STATUS_OK);
-                float *af = to_f32(&A.m), *bf = to_f32(&B.m);
-                if (compare(label, &p, clustered, ref, af, bf, 0)) failures++;
-                free(af);
-                free(bf);
-                free(ref);
-            }
+            if (!clustered || !same_bits_case_passes(&c, clustered)) failures++;
             cases++;
             free(clustered);
-            free(global);
-            free_operand(&A);
-            free_operand(&B);
+            same_bits_case_free(&c);
         }
     unsetenv("FP4DOCTOR_CUDA_GEMV_MAX_M");
     unsetenv("FP4DOCTOR_CUDA_WA_KSLICES");
@@ -662,50 +711,22 @@ static void test_cuda_wa_wide_blocks(void **state)
     static const int64_t same[][4] = {
         {16, 300, 4096, 2}, {5, 257, 8192, 4}, {12, 129, 6144, 3}, {3, 513, 4096, 2}, {9, 40, 14336, 4}, {1, 700, 2048, 2},
     };
-    static const fp4d_dtype acts[] = {FP4D_DTYPE_BF16, FP4D_DTYPE_NVFP4, FP4D_DTYPE_F16, FP4D_DTYPE_MXFP4};
     setenv("FP4DOCTOR_CUDA_GEMV_MAX_M", "0", 1); /* M = 1 to the stream kernel too */
     setenv("FP4DOCTOR_CUDA_WA_HALVES", "1", 1);
     int cases = 0, failures = 0;
     for (size_t i = 0; i < sizeof same / sizeof same[0]; i++)
         for (size_t ai = 0; ai < 4; ai++) {
-            const size_t rot = i + ai;
-            const int64_t M = same[i][0], N = same[i][1], K = same[i][2];
-            const fp4d_dtype at = acts[ai], bt = at == FP4D_DTYPE_F16 || rot % 2 ? FP4D_DTYPE_NVFP4 : FP4D_DTYPE_MXFP4;
-            const fp4d_dtype ot = out_types[rot % 3];
-            operand A, B;
-            make_operand(&A, at, layouts[rot % 3], M, K);
-            make_operand(&B, bt, layouts[(rot + 1) % 3], N, K);
-            char splits[16];
+            char splits[16], suffix[32];
             snprintf(splits, sizeof splits, "%lld", (long long)same[i][3]);
+            snprintf(suffix, sizeof suffix, ", %s splits", splits);
+            same_bits_case c;
+            same_bits_case_rotated(&c, same[i], ai, i + ai, suffix);
             setenv("FP4DOCTOR_CUDA_WA_SPLITS", splits, 1);
-            setenv("FP4DOCTOR_CUDA_WA_RG", "16", 1);
-            void *wide = gemm_into_new(b, &A, &B, ot);
-            setenv("FP4DOCTOR_CUDA_WA_RG", "8", 1);
-            void *narrow = gemm_into_new(b, &A, &B, ot);
-            unsetenv("FP4DOCTOR_CUDA_WA_RG");
-            char label[160];
-            snprintf(label, sizeof label, "%s x %s -> %s M=%lld N=%lld K=%lld, %s splits", fp4d_dtype_get(at)->name,
-                     fp4d_dtype_get(bt)->name, fp4d_dtype_get(ot)->name, (long long)M, (long long)N, (long long)K,
-                     splits);
-            if (memcmp(wide, narrow, (size_t)(M * N) * (ot == FP4D_DTYPE_F32 ? 4 : 2)) != 0) {
-                fprintf(stderr, "  %s: 16 and 8 row groups differ\n", label);
-                failures++;
-            } else if (rot % 4 == 0) {
-                void *ref = malloc((size_t)(M * N) * 4);
-                assert_non_null(ref);
-                fp4d_gemm_problem p = {A.m, B.m, 0.75f, ot, ref};
-                assert_int_equal(fp4d_ref_gemm(&p), FP4D_STATUS_OK);
-                float *af = to_f32(&A.m), *bf = to_f32(&B.m);
-                if (compare(label, &p, wide, ref, af, bf, 0)) failures++;
-                free(af);
-                free(bf);
-                free(ref);
-            }
+            void *wide = same_bits_under(b, &c, "FP4DOCTOR_CUDA_WA_RG", "16", "8");
+            if (!wide || ((i + ai) % 4 == 0 && !same_bits_case_passes(&c, wide))) failures++;
             cases++;
             free(wide);
-            free(narrow);
-            free_operand(&A);
-            free_operand(&B);
+            same_bits_case_free(&c);
         }
     unsetenv("FP4DOCTOR_CUDA_WA_SPLITS");
     unsetenv("FP4DOCTOR_CUDA_WA_HALVES");
@@ -790,35 +811,20 @@ static void test_cuda_wa_kslices(void **state)
         {1, 300, 4096, 1}, {2, 129, 14336, 1}, {1, 40, 2048, 1}, {2, 257, 6144, 1},
         {5, 300, 4096, 2}, {8, 129, 2048, 2},  {3, 257, 14336, 2}, {1, 40, 6144, 2},
     };
-    static const fp4d_dtype acts[] = {FP4D_DTYPE_BF16, FP4D_DTYPE_NVFP4, FP4D_DTYPE_F16, FP4D_DTYPE_MXFP4};
     setenv("FP4DOCTOR_CUDA_GEMV_MAX_M", "0", 1); /* M = 1 to the stream kernel too */
     setenv("FP4DOCTOR_CUDA_WA_SPLITS", "8", 1);
     int cases = 0, failures = 0;
     for (size_t i = 0; i < sizeof same / sizeof same[0]; i++)
         for (size_t ai = 0; ai < 4; ai++) {
-            const size_t rot = i + ai;
-            const int64_t M = same[i][0], N = same[i][1], K = same[i][2];
-            const fp4d_dtype at = acts[ai], bt = at == FP4D_DTYPE_F16 || rot % 2 ? FP4D_DTYPE_NVFP4 : FP4D_DTYPE_MXFP4;
-            const fp4d_dtype ot = out_types[rot % 3];
-            operand A, B;
-            make_operand(&A, at, layouts[rot % 3], M, K);
-            make_operand(&B, bt, layouts[(rot + 1) % 3], N, K);
-            setenv("FP4DOCTOR_CUDA_WA_KSLICES", same[i][3] == 2 ? "2" : "1", 1);
-            void *sliced = gemm_into_new(b, &A, &B, ot);
-            setenv("FP4DOCTOR_CUDA_WA_KSLICES", "0", 1);
-            void *split = gemm_into_new(b, &A, &B, ot);
-            unsetenv("FP4DOCTOR_CUDA_WA_KSLICES");
-            if (memcmp(sliced, split, (size_t)(M * N) * (ot == FP4D_DTYPE_F32 ? 4 : 2)) != 0) {
-                fprintf(stderr, "  %s x %s -> %s M=%lld N=%lld K=%lld: K slices (%lld row groups) and 8 splits differ\n",
-                        fp4d_dtype_get(at)->name, fp4d_dtype_get(bt)->name, fp4d_dtype_get(ot)->name, (long long)M,
-                        (long long)N, (long long)K, (long long)same[i][3]);
-                failures++;
-            }
+            same_bits_case c;
+            same_bits_case_rotated(&c, same[i], ai, i + ai,
+                                   same[i][3] == 2 ? ", K slices of two row groups against 8 splits"
+                                                   : ", K slices against 8 splits");
+            void *sliced = same_bits_under(b, &c, "FP4DOCTOR_CUDA_WA_KSLICES", same[i][3] == 2 ? "2" : "1", "0");
+            if (!sliced) failures++;
             cases++;
             free(sliced);
-            free(split);
-            free_operand(&A);
-            free_operand(&B);
+            same_bits_case_free(&c);
         }
     unsetenv("FP4DOCTOR_CUDA_WA_SPLITS");
     unsetenv("FP4DOCTOR_CUDA_GEMV_MAX_M");
