@@ -667,7 +667,9 @@ static void test_cuda_wa_cluster_exchange(void **state)
  * against the reference; then against blocks of eight row groups with the same splits forced:
  * the same phases added in the same order, so the outputs must be bit-identical, for every
  * activation type, both weight formats and every output type. On compute capability 9.0 the
- * rule itself, on 132 SMs.
+ * rule itself, on 132 SMs: 16+ phases per block from M = 3, 8+ from M = 8, never where the
+ * eight-group grid runs unsplit (14336x4096, 13824x5120), nor where the staging does not fit
+ * (28672x8192 at M = 16: 256 KB).
  */
 static void test_cuda_wa_wide_blocks(void **state)
 {
@@ -686,6 +688,8 @@ static void test_cuda_wa_wide_blocks(void **state)
         {7168, 18432, 16, NULL, 16, 4}, {7168, 18432, 3, NULL, 16, 4}, {7168, 18432, 2, NULL, 8, 0},
         {7168, 18432, 16, "8", 8, 0},   {28672, 8192, 8, NULL, 16, 1}, {28672, 8192, 16, NULL, 8, 0},
         {14336, 4096, 16, NULL, 8, 1},  {4096, 14336, 16, NULL, 8, 0}, {14336, 4096, 16, "16", 16, 2},
+        {6144, 16384, 16, NULL, 16, 5}, {6144, 16384, 4, NULL, 8, 0},  {8192, 8192, 8, NULL, 16, 4},
+        {13824, 5120, 16, NULL, 8, 0},
     };
     for (size_t i = 0; i < sizeof rule / sizeof rule[0] && major == 9; i++) {
         fp4d_skinny_args a = args_14336x4096(rule[i].max_rows);

@@ -4223,25 +4223,69 @@ static int decode_blocks_per_sm(void)
     return cached;
 }
 
+/* The K splits of the stream kernel's grid of WA_WARPS-group blocks for args on sms SMs. */
+static int64_t wa_eight_group_splits(const fp4d_skinny_args *args, int64_t sms)
+{
+    const int64_t n = args->n, k = args->k;
+    const int32_t num_items = args->num_items, max_rows = args->max_rows;
+    /* blocks of WA_ROWS rows x (K / splits). The kernel is issue-bound per SM (ncu: the
+     * main loop's stalls are "not selected" and "math"), so the time follows the most
+     * phases any SM runs - ceil(blocks / SMs) x phases per block - plus ~6 phases per
+     * extra wave of resident blocks (start and drain) and ~1.7 for the split-K exchange.
+     * Fitted to the splits sweeps of 14336x4096, 4096x14336 and 7168x18432 at M = 1..16
+     * on an H200 (e.g. one split for 14336x4096 at M <= 8: 16.6 us against 18.3 with
+     * two); ties go to more splits (more warps in flight). The wave cost was 3 until
+     * programmatic dependent launch took the ramp between kernels away: with 3, 7168x18432
+     * at M = 1 took 9 splits in two waves, 30.1-30.5 us against 27.8-28.0 with 4 in one
+     * (FP4DOCTOR_CUDA_WA_WAVE_COST overrides it, for such sweeps). */
+    const int64_t tiles = (n + WA_ROWS - 1) / WA_ROWS * num_items, phases = k / WA_PHASE;
+    const int64_t slots = sms * wa_blocks_per_sm();
+    const int64_t narrow = wa_max_phases_per_block(max_rows, false), min_splits = (phases + narrow - 1) / narrow;
+    const int64_t forced = env_int("FP4DOCTOR_CUDA_WA_SPLITS", 0);
+    const double wave_cost = (double)env_int("FP4DOCTOR_CUDA_WA_WAVE_COST", 6);
+    const bool forced_fits = forced > 0 && forced <= phases &&
+                             wa_staging_fits((phases + forced - 1) / forced, max_rows, tiles * forced, forced, sms);
+    int64_t best_s = min_splits;
+    double best = -1.0;
+    /* below min_splits only one split, where wide staging allows it */
+    for (int64_t s = 1; s <= phases && s <= 64; s++) {
+        if (forced_fits && s != forced) continue;
+        const int64_t blocks = tiles * s, pps = (phases + s - 1) / s;
+        if (s < min_splits && !wa_staging_fits(pps, max_rows, blocks, s, sms)) continue;
+        const int64_t waves = (blocks + slots - 1) / slots, per_sm = (blocks + sms - 1) / sms;
+        const double cost = (double)(per_sm * pps) + wave_cost * (double)(waves - 1) + (s > 1 ? 1.7 : 0.0);
+        if (best < 0 || cost <= best) {
+            best = cost;
+            best_s = s;
+        }
+    }
+    return best_s;
+}
+
 /*
  * Blocks of WA_WIDE_RG row groups (256 rows, 16 warps, one block per SM) for split grids: the
  * activations a block stages serve twice the rows of an eight-group block, so the grid takes
  * half as many bytes of them from L2 (a grid of 128-row blocks stages N / 128 x K x M x 2
  * bytes: 33 MB at 7168x18432 and M = 16, half the weights' 66 MB). They run one wave, as many
  * K splits as 256-row tiles fit on the SMs, with the whole shared memory of a block for the
- * staging. Taken where that leaves every block at least WA_WIDE_MIN_PHASES phases and M >= 3.
- * On an H200 (two order-balanced rounds against the eight-group grid, us, W4A16 (W4A4)):
+ * staging. Taken at M >= 3 where the eight-group grid would be split (unsplit, it needs no
+ * exchange of partial sums: 14336x4096 and 13824x5120 ran 1-1.9 us slower at every M in two
+ * splits of 16 groups) and every block keeps WA_WIDE_MIN_PHASES phases, from M = 8 on
+ * WA_WIDE_MIN_PHASES_M8. On an H200 (two order-balanced rounds against the eight-group grid,
+ * us, W4A16 (W4A4)):
  * 7168x18432 M = 4 21.56-21.90 -> 20.97-21.39, M = 8 22.41-22.77 -> 21.68-21.99, M = 12
  * 30.1-30.4 -> 26.0-26.4, M = 16 30.66-31.17 -> 26.33-27.10 (33.6-34.2 -> 27.1-27.9);
  * 28672x8192 M = 8 40.3-40.7 -> 33.4-33.9, M = 12 48.8-49.5 -> 38.8-39.9; 8192x28672 M = 8
- * 37.1-37.7 -> 34.1-34.2, M = 12 43.7-44.1 -> 38.1-39.1. Where blocks would hold fewer phases
- * it was slower: 14336x4096 (two splits of 8 phases, against the unsplit grid of two warps per
- * row group) 1.6-1.8 us slower at every M, 4096x14336 (8 splits of 7) at M = 16 W4A16 15.9 ->
- * 16.4 (W4A4 17.5 -> 17.1), 4096x4096 M = 16 10.1 -> 10.5; at M <= 2 (little
- * to stage) even or 0.1-0.3 us slower (7168x18432 M = 1 20.76-21.16 -> 20.82-21.13).
- * docs/performance.md, nineteenth session.
+ * 37.1-37.7 -> 34.1-34.2, M = 12 43.7-44.1 -> 38.1-39.1; with 8-12 phases per block at
+ * M = 16 6144x16384 25.75-25.96 -> 22.60-22.88 (28.1-28.4 -> 23.9-24.1), 5120x13824 18.9-19.3
+ * -> 18.3-18.6, 8192x8192 16.1-16.4 -> 15.9-16.0, 3584x18944 20.2-20.7 -> 19.9-20.3, at M = 8
+ * even to 0.3 us faster, but at M = 4 even to 0.2 us slower. With fewer phases it was slower:
+ * 4096x14336 (8 splits of 7) at M = 16 W4A16 15.9 -> 16.4 (W4A4 17.5 -> 17.1), 4096x4096 (8
+ * of 2) M = 16 10.1 -> 10.5; at M <= 2 (little to stage) even or 0.1-0.3 us slower (7168x18432
+ * M = 1 20.76-21.16 -> 20.82-21.13). docs/performance.md, nineteenth session.
  */
 constexpr int64_t WA_WIDE_MIN_PHASES = 16;
+constexpr int64_t WA_WIDE_MIN_PHASES_M8 = 8;
 
 /* Whether a grid of WA_WIDE_RG-group blocks in `splits` K splits runs at all: one wave (one
  * block per SM), the staging within a block's shared memory. */
@@ -4265,7 +4309,8 @@ static int64_t wa_wide_splits(const fp4d_skinny_args *args, int sm_count)
     const int64_t splits = env_int("FP4DOCTOR_CUDA_WA_SPLITS", most);
     if (!wa_wide_grid_fits(args, splits, sms)) return 0;
     if (forced == WA_WIDE_RG) return splits;
-    return args->max_rows >= 3 && phases / splits >= WA_WIDE_MIN_PHASES ? splits : 0;
+    const int64_t pps = phases / splits, min_pps = args->max_rows >= 8 ? WA_WIDE_MIN_PHASES_M8 : WA_WIDE_MIN_PHASES;
+    return args->max_rows >= 3 && pps >= min_pps && wa_eight_group_splits(args, sms) > 1 ? splits : 0;
 }
 
 extern "C" int fp4d_cuda_wa_row_groups(const fp4d_skinny_args *args, int sm_count)
@@ -4275,45 +4320,13 @@ extern "C" int fp4d_cuda_wa_row_groups(const fp4d_skinny_args *args, int sm_coun
 
 extern "C" int32_t fp4d_cuda_skinny_pick_splits(const fp4d_skinny_args *args, int sm_count)
 {
-    const int64_t wide_splits = wa_kernel_applies(args) ? wa_wide_splits(args, sm_count) : 0;
-    if (wide_splits > 0) return (int32_t)wide_splits;
+    if (wa_kernel_applies(args)) {
+        const int64_t wide = wa_wide_splits(args, sm_count);
+        return (int32_t)(wide > 0 ? wide : wa_eight_group_splits(args, sm_count > 0 ? sm_count : 132));
+    }
     const int64_t n = args->n, k = args->k;
     const int32_t num_items = args->num_items, max_rows = args->max_rows;
     const int64_t sms = sm_count > 0 ? sm_count : 132;
-    if (wa_kernel_applies(args)) {
-        /* blocks of WA_ROWS rows x (K / splits). The kernel is issue-bound per SM (ncu: the
-         * main loop's stalls are "not selected" and "math"), so the time follows the most
-         * phases any SM runs - ceil(blocks / SMs) x phases per block - plus ~6 phases per
-         * extra wave of resident blocks (start and drain) and ~1.7 for the split-K exchange.
-         * Fitted to the splits sweeps of 14336x4096, 4096x14336 and 7168x18432 at M = 1..16
-         * on an H200 (e.g. one split for 14336x4096 at M <= 8: 16.6 us against 18.3 with
-         * two); ties go to more splits (more warps in flight). The wave cost was 3 until
-         * programmatic dependent launch took the ramp between kernels away: with 3, 7168x18432
-         * at M = 1 took 9 splits in two waves, 30.1-30.5 us against 27.8-28.0 with 4 in one
-         * (FP4DOCTOR_CUDA_WA_WAVE_COST overrides it, for such sweeps). */
-        const int64_t tiles = (n + WA_ROWS - 1) / WA_ROWS * num_items, phases = k / WA_PHASE;
-        const int64_t slots = sms * wa_blocks_per_sm();
-        const int64_t narrow = wa_max_phases_per_block(max_rows, false), min_splits = (phases + narrow - 1) / narrow;
-        const int64_t forced = env_int("FP4DOCTOR_CUDA_WA_SPLITS", 0);
-        const double wave_cost = (double)env_int("FP4DOCTOR_CUDA_WA_WAVE_COST", 6);
-        const bool forced_fits = forced > 0 && forced <= phases &&
-                                 wa_staging_fits((phases + forced - 1) / forced, max_rows, tiles * forced, forced, sms);
-        int64_t best_s = min_splits;
-        double best = -1.0;
-        /* below min_splits only one split, where wide staging allows it */
-        for (int64_t s = 1; s <= phases && s <= 64; s++) {
-            if (forced_fits && s != forced) continue;
-            const int64_t blocks = tiles * s, pps = (phases + s - 1) / s;
-            if (s < min_splits && !wa_staging_fits(pps, max_rows, blocks, s, sms)) continue;
-            const int64_t waves = (blocks + slots - 1) / slots, per_sm = (blocks + sms - 1) / sms;
-            const double cost = (double)(per_sm * pps) + wave_cost * (double)(waves - 1) + (s > 1 ? 1.7 : 0.0);
-            if (best < 0 || cost <= best) {
-                best = cost;
-                best_s = s;
-            }
-        }
-        return (int32_t)best_s;
-    }
     if (decode_kernel_applies(k, max_rows)) {
         /* one (FP4DOCTOR_CUDA_DECODE_WAVES) wave of resident blocks, each a contiguous K range */
         const int64_t blocks = (n + DK_BN - 1) / DK_BN * num_items;
