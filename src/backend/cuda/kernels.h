@@ -191,8 +191,8 @@ int fp4d_cuda_wa_kslices(const fp4d_skinny_args *args, int sm_count);
 /* Row groups of 16 rows per block of the weight-streaming kernel's split grid for `args` on a
  * GPU of sm_count multiprocessors where K slices do not take it: 16 (one block per SM; the
  * planner's splits are then as many as such tiles fit on the SMs) at M >= 3 where blocks of 8
- * would be split and every block keeps 16+ phases of 256 k (8+ from M = 8), else 8. FP4DOCTOR_CUDA_WA_RG=8|16 forces it (16: wherever the
- * grid fits in one wave). */
+ * would be split and every block keeps 16+ phases of 256 k (8+ from M = 8), else 8.
+ * FP4DOCTOR_CUDA_WA_RG=8|16 forces it (16: wherever the grid fits in one wave). */
 int fp4d_cuda_wa_row_groups(const fp4d_skinny_args *args, int sm_count);
 /* Blocks per thread block cluster the weight-streaming kernel would launch `args` with on the
  * current device: the splits, where they exchange their sums through the cluster's shared
