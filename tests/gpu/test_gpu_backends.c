@@ -1366,6 +1366,41 @@ static void native_backend(const char *name)
     }
     fp4d_backend_close(b);
 }
+/*
+ * The bench's stream hold (fp4d_cuda_hold_stream): work enqueued behind it waits until it
+ * ends, and it lasts at least as long as asked, so that a timed batch queued meanwhile runs
+ * back to back after it.
+ */
+static void test_cuda_hold_stream(void **state)
+{
+    (void)state;
+    fp4d_backend_t b = open_or_skip("cuda");
+    if (!b) skip();
+    fp4d_backend_close(b);
+    cudaStream_t s;
+    cudaEvent_t e0, e1;
+    assert_int_equal(cudaStreamCreate(&s), cudaSuccess);
+    assert_int_equal(cudaEventCreate(&e0), cudaSuccess);
+    assert_int_equal(cudaEventCreate(&e1), cudaSuccess);
+    const uint64_t ns[] = {20000000u, 300000u}; /* 20 ms, then a bench-sized 300 us */
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(cudaEventRecord(e0, s), cudaSuccess);
+        assert_int_equal(fp4d_cuda_hold_stream(ns[i], s), cudaSuccess);
+        assert_int_equal(cudaEventRecord(e1, s), cudaSuccess);
+        /* the host gets here within microseconds: a 20 ms hold is still running */
+        if (i == 0) assert_int_equal(cudaEventQuery(e1), cudaErrorNotReady);
+        assert_int_equal(cudaEventSynchronize(e1), cudaSuccess);
+        float ms = 0.0f;
+        assert_int_equal(cudaEventElapsedTime(&ms, e0, e1), cudaSuccess);
+        fprintf(stderr, "  hold of %.3f ms took %.3f ms\n", (double)ns[i] * 1e-6, (double)ms);
+        assert_true((double)ms >= (double)ns[i] * 1e-6 * 0.99); /* event resolution ~0.5 us */
+        assert_true(ms < 10000.0f);
+    }
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+    cudaStreamDestroy(s);
+}
+
 static void test_cublaslt(void **state) { (void)state; native_backend("cublaslt"); }
 static void test_cudnn(void **state) { (void)state; native_backend("cudnn"); }
 
@@ -1394,6 +1429,7 @@ int main(void)
         cmocka_unit_test(test_cuda_wa_wide_blocks),
         cmocka_unit_test(test_cuda_wa_kslices),
         cmocka_unit_test(test_cuda_pdl_chain),
+        cmocka_unit_test(test_cuda_hold_stream),
         cmocka_unit_test(test_cuda_quantize_bit_identical),
         cmocka_unit_test(test_cuda_e2m1_rounding_exhaustive),
         cmocka_unit_test(test_cublas_bf16_gemm_sweep),

@@ -141,6 +141,30 @@ static int cmp_double(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
+/*
+ * How long each timed batch of `calls` launches waits behind a hold of the stream before its
+ * start event. Without it the GPU runs the start event at once (the stream is idle after the
+ * previous batch) and then waits for the host to make the first launch, and the batch's time
+ * included that gap: on the H200 machine about 3 us of host launch path, 0.4 us per call at
+ * eight calls per batch, for every backend alike (two rounds each way, twentieth session: cuda
+ * at M = 1 on 14336x4096 10.54 / 10.70 -> 10.15 / 10.16 us, cublas-bf16 31.78 / 33.07 ->
+ * 31.15 / 32.27). While the stream is held, the host enqueues the start event and the whole
+ * batch, which then runs back to back, so the events time GPU work only (NVIDIA's nvbench
+ * holds its stream the same way with its "blocking kernel"). The hold allows 10 us of host
+ * time per launch, far more than a launch takes; FP4DOCTOR_BENCH_HOLD_US overrides it (0: no
+ * hold, for comparisons with earlier runs).
+ */
+static uint64_t bench_hold_ns(int calls)
+{
+    const char *env = getenv("FP4DOCTOR_BENCH_HOLD_US");
+    if (env && *env) {
+        char *end = NULL;
+        const long long us = strtoll(env, &end, 10);
+        if (end && *end == '\0' && us >= 0 && us <= 1000000) return (uint64_t)us * 1000u;
+    }
+    return (uint64_t)(50 + 10 * (calls > 0 ? calls : 1)) * 1000u;
+}
+
 fp4d_status fp4d_cuda_time(cudaStream_t s, fp4d_cuda_bench_fn fn, void *state, int copies, int repeats,
                            fp4d_bench_result *out)
 {
@@ -178,7 +202,12 @@ fp4d_status fp4d_cuda_time(cudaStream_t s, fp4d_cuda_bench_fn fn, void *state, i
     if (st == FP4D_STATUS_OK && !t) st = fp4d_set_error(FP4D_STATUS_NOMEM, "bench: out of memory");
     /* short calls: batch several rotations so one batch lasts well past event resolution */
     const int per_batch = copies < 8 ? 8 : copies;
+    const uint64_t hold_ns = bench_hold_ns(per_batch);
     for (int r = 0; st == FP4D_STATUS_OK && r < repeats; r++) {
+        if (hold_ns > 0 && fp4d_cuda_hold_stream(hold_ns, s) != 0) {
+            st = fp4d_set_error(FP4D_STATUS_DEVICE, "bench: the stream hold failed");
+            break;
+        }
         cudaEventRecord(start, s);
         for (int c = 0; st == FP4D_STATUS_OK && c < per_batch; c++) st = fn(state, c % copies);
         cudaEventRecord(stop, s);

@@ -183,6 +183,16 @@ __global__ void fill_random_kernel(uint8_t *p, size_t bytes, uint32_t seed)
 
 __global__ void probe_kernel(int *p) { if (p) *p = 1; }
 
+__global__ void hold_kernel(unsigned long long ns)
+{
+    unsigned long long t0, t;
+    asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t0));
+    do {
+        __nanosleep(500);
+        asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t));
+    } while (t - t0 < ns);
+}
+
 /* ---------------------------------------------------------------------------------------
  * Tensor-core helpers
  * ------------------------------------------------------------------------------------- */
@@ -3525,6 +3535,12 @@ extern "C" int fp4d_cuda_fill_random_fp4(uint8_t *codes, size_t bytes, uint32_t 
 {
     if (bytes == 0) return cudaSuccess;
     fill_random_kernel<<<grid_for((int64_t)bytes, 256), 256, 0, (cudaStream_t)stream>>>(codes, bytes, seed);
+    return (int)cudaGetLastError();
+}
+
+extern "C" int fp4d_cuda_hold_stream(uint64_t ns, void *stream)
+{
+    hold_kernel<<<1, 1, 0, (cudaStream_t)stream>>>((unsigned long long)ns);
     return (int)cudaGetLastError();
 }
 

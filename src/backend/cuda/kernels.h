@@ -45,6 +45,9 @@ int fp4d_cuda_scale_convert(const float *src, float alpha, int dst_type, void *d
 
 /* Fills count bytes of device memory with a byte pattern (used by tests and bench). */
 int fp4d_cuda_fill_random_fp4(uint8_t *codes, size_t bytes, uint32_t seed, void *stream);
+/* Holds `stream` for `ns` nanoseconds (one thread of one block waiting on the global timer), so
+ * that work the host enqueues behind it meanwhile starts back to back once it ends. */
+int fp4d_cuda_hold_stream(uint64_t ns, void *stream);
 
 /* ---- tensor-core GEMM on dense operands (large M) ----------------------------------
  * out[m, n] = alpha * sum_k A[m, k] * B[n, k], A [M, K] and B [N, K] both row-major of
