@@ -1366,6 +1366,7 @@ static void native_backend(const char *name)
     }
     fp4d_backend_close(b);
 }
+
 /*
  * The bench's stream hold (fp4d_cuda_hold_stream): work enqueued behind it waits until it
  * ends, and it lasts at least as long as asked, so that a timed batch queued meanwhile runs

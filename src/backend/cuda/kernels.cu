@@ -183,6 +183,8 @@ __global__ void fill_random_kernel(uint8_t *p, size_t bytes, uint32_t seed)
 
 __global__ void probe_kernel(int *p) { if (p) *p = 1; }
 
+/* fp4d_cuda_hold_stream: one thread polls the global timer (ns) until `ns` have passed, asleep
+ * between reads so that it takes next to no issue slots of its SM */
 __global__ void hold_kernel(unsigned long long ns)
 {
     unsigned long long t0, t;
