@@ -4211,6 +4211,9 @@ static int wa_blocks_per_sm(void)
     return cached;
 }
 
+/* Tiles of `rows` weight rows over all items: the blocks of one K split of a stream grid. */
+static int64_t wa_tiles(int64_t n, int32_t num_items, int rows) { return (n + rows - 1) / rows * num_items; }
+
 extern "C" void fp4d_cuda_skinny_scratch(int64_t n, int32_t num_items, int32_t splits, int32_t max_rows,
                                          size_t *partial_bytes, size_t *counter_count)
 {
@@ -4218,12 +4221,12 @@ extern "C" void fp4d_cuda_skinny_scratch(int64_t n, int32_t num_items, int32_t s
      * wa_kernel of WA_ROWS (two 8-token columns per warp at most) */
     const int64_t tiles = (n + SK_BN - 1) / SK_BN * num_items;
     const int64_t dk_tiles = (n + DK_BN - 1) / DK_BN * num_items;
-    const int64_t wa_tiles = (n + WA_ROWS - 1) / WA_ROWS * num_items;
+    const int64_t wa8_tiles = wa_tiles(n, num_items, WA_ROWS);
     const int mt = max_rows > 16 ? 2 : 1;
     const size_t sk = (size_t)tiles * splits * (mt * SK_NT * 4) * 32;
     const size_t dk = (size_t)dk_tiles * splits * DK_SLOTS;
-    const int64_t wide_tiles = (n + WA_WIDE_ROWS - 1) / WA_WIDE_ROWS * num_items;
-    const size_t wa8 = (size_t)wa_tiles * splits * (WA_WARPS * 2 * 4 * 32);
+    const int64_t wide_tiles = wa_tiles(n, num_items, WA_WIDE_ROWS);
+    const size_t wa8 = (size_t)wa8_tiles * splits * (WA_WARPS * 2 * 4 * 32);
     const size_t wa16 = (size_t)wide_tiles * splits * (WA_WIDE_RG * 2 * 4 * 32);
     const size_t wa = wa8 > wa16 ? wa8 : wa16;
     size_t most = sk > dk ? sk : dk;
@@ -4256,7 +4259,7 @@ static int64_t wa_eight_group_splits(const fp4d_skinny_args *args, int64_t sms)
      * programmatic dependent launch took the ramp between kernels away: with 3, 7168x18432
      * at M = 1 took 9 splits in two waves, 30.1-30.5 us against 27.8-28.0 with 4 in one
      * (FP4DOCTOR_CUDA_WA_WAVE_COST overrides it, for such sweeps). */
-    const int64_t tiles = (n + WA_ROWS - 1) / WA_ROWS * num_items, phases = k / WA_PHASE;
+    const int64_t tiles = wa_tiles(n, num_items, WA_ROWS), phases = k / WA_PHASE;
     const int64_t slots = sms * wa_blocks_per_sm();
     const int64_t narrow = wa_max_phases_per_block(max_rows, false), min_splits = (phases + narrow - 1) / narrow;
     const int64_t forced = env_int("FP4DOCTOR_CUDA_WA_SPLITS", 0);
@@ -4309,10 +4312,10 @@ constexpr int64_t WA_WIDE_MIN_PHASES_M8 = 8;
  * block per SM), the staging within a block's shared memory. */
 static bool wa_wide_grid_fits(const fp4d_skinny_args *args, int64_t splits, int64_t sms)
 {
-    const int64_t tiles = (args->n + WA_WIDE_ROWS - 1) / WA_WIDE_ROWS * args->num_items;
     const int64_t phases = args->k / WA_PHASE;
-    return splits >= 1 && splits <= phases && tiles * splits <= sms &&
-           (phases + splits - 1) / splits <= wa_max_phases_per_block(args->max_rows, true);
+    return splits >= 1 && splits <= phases &&
+           wa_staging_fits((phases + splits - 1) / splits, args->max_rows,
+                           wa_tiles(args->n, args->num_items, WA_WIDE_ROWS) * splits, splits, sms, WA_WIDE_RG);
 }
 
 /* The K splits of the WA_WIDE_RG-group grid where the stream kernel takes it for args, else 0.
@@ -4322,7 +4325,7 @@ static int64_t wa_wide_splits(const fp4d_skinny_args *args, int sm_count)
 {
     const int64_t forced = env_int("FP4DOCTOR_CUDA_WA_RG", 0), sms = sm_count > 0 ? sm_count : 132;
     if (forced != 0 && forced != WA_WIDE_RG) return 0;
-    const int64_t tiles = (args->n + WA_WIDE_ROWS - 1) / WA_WIDE_ROWS * args->num_items;
+    const int64_t tiles = wa_tiles(args->n, args->num_items, WA_WIDE_ROWS);
     const int64_t phases = args->k / WA_PHASE, most = min(sms / (tiles > 0 ? tiles : 1), phases);
     const int64_t splits = env_int("FP4DOCTOR_CUDA_WA_SPLITS", most);
     if (!wa_wide_grid_fits(args, splits, sms)) return 0;
@@ -4474,7 +4477,7 @@ extern "C" int fp4d_cuda_wa_warps_per_row_group(const fp4d_skinny_args *args, in
 {
     const int64_t forced = env_int("FP4DOCTOR_CUDA_WA_HALVES", 0);
     if (forced == 1 || forced == 2) return (int)forced;
-    const int64_t blocks = (args->n + WA_ROWS - 1) / WA_ROWS * args->splits * args->num_items;
+    const int64_t blocks = wa_tiles(args->n, args->num_items, WA_ROWS) * args->splits;
     const int64_t pps = args->k / WA_PHASE / (args->splits > 0 ? args->splits : 1);
     return blocks <= (sm_count > 0 ? sm_count : 132) && pps >= 16 ? 2 : 1;
 }
