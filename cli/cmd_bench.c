@@ -63,9 +63,10 @@ static void usage(FILE *f)
             "are shared out over --rounds rounds, the backends taking turns (forward, then backward), and\n"
             "a backend's figure is the median of its rounds' medians (--rounds 1: one backend's\n"
             "repeats all at once, then the next backend's; at most R rounds).\n\n"
+            "--quick: 4096x4096 at --m 1,16,128, MoE at --tokens 1,16, at most 5 repeats.\n\n"
             "defaults: --backend cuda,cublas-bf16 --shapes 4096x4096,14336x4096,4096x14336,7168x18432\n"
             "          --m 1,4,16,64,128,1024,8192 --tokens 1,4,16,64,256,1024,4096 --repeats 20\n"
-            "          --rounds 4\n");
+            "          --rounds 4; without a GPU (and --backend) cpu on 4096x4096 at M = 1, 16\n");
 }
 
 /* Splits a comma-separated list in place: the number of items, or -1 for an empty item

@@ -98,7 +98,7 @@ static void quantize_usage(FILE *f)
 {
     fprintf(f,
             "usage: fp4doctor quantize [--format nvfp4|mxfp4] [--convention NAME]\n"
-            "                          [--scale-layout linear|swizzled] [--tensor NAME]... IN.safetensors OUT.safetensors\n\n"
+            "                          [--scale-layout linear|swizzled|swizzled8x4] [--tensor NAME]... IN.safetensors OUT.safetensors\n\n"
             "Quantizes every F32/BF16/F16 2-D tensor of IN whose row length is a multiple of the block\n"
             "size (or only the --tensor ones) and writes OUT with ModelOpt naming:\n"
             "  X          U8       [rows, K/2]   packed e2m1 codes, even element in the low nibble\n"
@@ -271,7 +271,7 @@ int cmd_quantize(int argc, char **argv)
             break;
         case 'l':
             if (!fp4d_scale_layout_from_name(optarg, &o.params.scale_layout))
-                rc = cli_fail(FP4D_EXIT_USAGE, cmd, "--scale-layout must be linear or swizzled, not '%s'", optarg);
+                rc = cli_fail(FP4D_EXIT_USAGE, cmd, "--scale-layout must be linear, swizzled or swizzled8x4, not '%s'", optarg);
             break;
         case 't': names[o.num_names++] = optarg; break;
         case 'h':

@@ -1,4 +1,6 @@
 /* fp4doctor: entry point and subcommand dispatch. */
+#include <errno.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -45,9 +47,8 @@ static void print_usage(FILE *f)
                "4 internal error (docs/exit-codes.md)\n");
 }
 
-int main(int argc, char **argv)
+static int dispatch(int argc, char **argv)
 {
-    cli_self_path = argv[0];
     if (argc >= 2) {
         const char *a = argv[1];
         if (!strcmp(a, "--version") || !strcmp(a, "-V")) {
@@ -80,4 +81,33 @@ int main(int argc, char **argv)
     int rc = cmd_check(argc, args);
     free(args);
     return rc;
+}
+
+/* What a command printed must have reached standard output: into a closed pipe or a full disk
+ * it did not, and a report not written completely is exit 3, as for report files (docs/cli.md).
+ * A command that already failed has said why; its exit code stands. */
+static int stdout_written(int rc, const char *cmd /* NULL: none */)
+{
+    errno = 0;
+    if (fflush(stdout) == 0 && !ferror(stdout)) return rc;
+    const int err = errno ? errno : EIO;
+    if (rc != FP4D_EXIT_OK) return rc;
+    fprintf(stderr, "fp4doctor%s%s: cannot write standard output: %s\n", cmd ? " " : "", cmd ? cmd : "", strerror(err));
+    return FP4D_EXIT_INPUT;
+}
+
+int main(int argc, char **argv)
+{
+    cli_self_path = argv[0];
+    /* A reader that goes away (`fp4doctor backends --json | head -c 10`) must not kill a
+     * command mid-report: the write fails instead, and stdout_written (or the command itself)
+     * says so. The children re-executed by `check` inherit this; they report on fd 3, and
+     * their standard output is the parent's standard error, so they are left out below. */
+    signal(SIGPIPE, SIG_IGN);
+    const char *a = argc >= 2 ? argv[1] : "";
+    const bool about = !strcmp(a, "--help") || !strcmp(a, "-h") || !strcmp(a, "help") || !strcmp(a, "--version") ||
+                       !strcmp(a, "-V");
+    const char *cmd = about ? NULL : a[0] && a[0] != '-' ? a : "check";
+    const int rc = dispatch(argc, argv);
+    return cmd && strcmp(cmd, "__child") == 0 ? rc : stdout_written(rc, cmd);
 }

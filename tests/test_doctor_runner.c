@@ -334,6 +334,92 @@ static void test_verdict_cache(void **state)
     rmdir(dir);
 }
 
+/* A run narrowed by --case writes only failures into the cache: one that matched no case, or
+ * passed the few it ran, must not stand for the backend (`auto` excluded cpu after a
+ * `--case` that matched nothing had filed it as UNSUPPORTED). */
+static void test_case_filtered_run_caches_failures_only(void **state)
+{
+    char dir[] = "/tmp/fp4d_cfcacheXXXXXX";
+    assert_non_null(mkdtemp(dir));
+    setenv("XDG_CACHE_HOME", dir, 1);
+    unsetenv("FP4DOCTOR_NO_CACHE");
+    fp4d_verdict_cache_disable(false);
+    static const struct {
+        const char *args;
+        int         rc;
+    } runs[] = {
+        {"--backend cpu --case zzzz-no-such-case", 0},
+        {"--backend cpu --case nvfp4.nvfp4xnvfp4", 0},
+        {"--include-faulty --backend faulty-zeros --case nvfp4.nvfp4xnvfp4", 1},
+    };
+    char cmd[1024];
+    for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++) {
+        snprintf(cmd, sizeof cmd, "FP4DOCTOR_TIMEOUT_SCALE=%s '%s' check --suite quick %s 2>&1", timeout_scale(1.0),
+                 bin(), runs[i].args);
+        char *out = NULL;
+        const int rc = tu_run_capture(cmd, &out);
+        if (rc != runs[i].rc) fail_msg("'%s' exited %d, want %d: %s", runs[i].args, rc, runs[i].rc, out ? out : "");
+        free(out);
+    }
+    fp4d_cached_verdict got;
+    assert_false(fp4d_verdict_cache_get("cpu", -1, &got));
+    assert_true(fp4d_verdict_cache_get("faulty-zeros", -1, &got));
+    assert_string_equal(got.verdict, "ZEROS");
+    /* the whole suite does stand for it */
+    snprintf(cmd, sizeof cmd, "FP4DOCTOR_TIMEOUT_SCALE=%s '%s' check --suite quick --backend cpu 2>&1",
+             timeout_scale(1.0), bin());
+    char *out = NULL;
+    assert_int_equal(tu_run_capture(cmd, &out), 0);
+    free(out);
+    assert_true(fp4d_verdict_cache_get("cpu", -1, &got));
+    assert_string_equal(got.verdict, "PASS");
+    remove(fp4d_verdict_cache_path());
+    char sub[256];
+    snprintf(sub, sizeof sub, "%s/fp4doctor", dir);
+    rmdir(sub);
+    rmdir(dir);
+}
+
+/* A report into a pipe whose reader has gone could not be written: exit 3 with a message,
+ * not death by SIGPIPE and not a silent 0 (docs/cli.md) - for `check --json -`, which checks
+ * its own report, and for a command that just prints (`backends --json`). */
+static void test_report_into_a_closed_pipe_exits_3(void **state)
+{
+    static const char *const runs[][12] = {
+        {"check", "--backend", "cpu", "--suite", "quick", "--case", "nvfp4.nvfp4xnvfp4", "--json", "-", "--no-cache"},
+        {"backends", "--json"},
+    };
+    for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++) {
+        const char *argv[16] = {bin()};
+        for (size_t k = 0; runs[i][k]; k++) argv[k + 1] = runs[i][k];
+        int fds[2], err[2];
+        assert_int_equal(pipe(fds), 0);
+        assert_int_equal(pipe(err), 0);
+        close(fds[0]); /* no reader */
+        const pid_t pid = fork();
+        assert_true(pid >= 0);
+        if (pid == 0) {
+            close(err[0]);
+            if (dup2(fds[1], STDOUT_FILENO) < 0 || dup2(err[1], STDERR_FILENO) < 0) _exit(126);
+            execv(bin(), (char *const *)argv);
+            _exit(127);
+        }
+        close(fds[1]);
+        close(err[1]);
+        FILE *ef = fdopen(err[0], "r");
+        assert_non_null(ef);
+        char *msg = tu_read_stream(ef, NULL);
+        fclose(ef);
+        int st = 0;
+        assert_int_equal(waitpid(pid, &st, 0), pid);
+        if (WIFSIGNALED(st)) fail_msg("%s: killed by signal %d", runs[i][0], WTERMSIG(st));
+        assert_true(WIFEXITED(st));
+        if (WEXITSTATUS(st) != 3) fail_msg("%s: exit %d, want 3", runs[i][0], WEXITSTATUS(st));
+        if (!msg || !strstr(msg, "cannot write standard output")) fail_msg("%s: no message: %s", runs[i][0], msg ? msg : "");
+        free(msg);
+    }
+}
+
 static void test_cli_usage_errors(void **state)
 {
     char cmd[1024];
@@ -377,6 +463,8 @@ int main(void)
         cmocka_unit_test(test_verdict_cache),
         cmocka_unit_test(test_device_all_isolates_a_pinned_fault),
         cmocka_unit_test(test_cli_usage_errors),
+        cmocka_unit_test(test_case_filtered_run_caches_failures_only),
+        cmocka_unit_test(test_report_into_a_closed_pipe_exits_3),
         cmocka_unit_test(test_crash_and_hang_restart_and_reports),
         cmocka_unit_test(test_quick_suite_classifies_every_faulty_backend),
     };

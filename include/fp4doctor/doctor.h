@@ -186,6 +186,7 @@ typedef struct fp4d_report {
     char                 recommended[64]; /* "" when nothing passed */
     char                 recommendation[256];
     double               wall_s;
+    bool                 case_filtered;   /* only the cases named by case filters ran */
 } fp4d_report;
 
 /* Progress callback: called in the parent after each finished case. */
@@ -228,7 +229,9 @@ typedef struct fp4d_doctor_options {
 fp4d_status fp4d_doctor_run(const fp4d_doctor_options *opt, fp4d_report *report);
 void        fp4d_report_free(fp4d_report *report);
 
-/* Writes every backend's worst verdict into the verdict cache (unless disabled). */
+/* Writes every backend's worst verdict into the verdict cache (unless disabled). A run narrowed
+ * by case filters writes only failures: a failure in any case is one of the backend, but a
+ * PASS (or UNSUPPORTED) on some cases says nothing of the others, nor does their speed. */
 fp4d_status fp4d_report_update_cache(const fp4d_report *report);
 
 /* Exit code of `fp4doctor check` for this report (docs/cli.md): 0 when every checked

@@ -685,6 +685,7 @@ fp4d_status fp4d_doctor_run(const fp4d_doctor_options *opt, fp4d_report *rep)
     double t0 = fp4d_now_s();
     rep->suite = opt->suite;
     rep->seed = opt->seed;
+    rep->case_filtered = opt->case_filter && opt->num_case_filters > 0;
     fp4d_registry_options ro = {opt->include_faulty, opt->plugins, opt->num_plugins};
     FP4D_FORWARD_IF_ERROR(fp4d_registry_init(&ro));
     FP4D_FORWARD_IF_ERROR(fp4d_suite_cases(opt->suite, &rep->cases, &rep->num_cases));
@@ -840,7 +841,7 @@ fp4d_status fp4d_report_update_cache(const fp4d_report *rep)
     fp4d_status st = FP4D_STATUS_OK;
     for (size_t b = 0; b < rep->num_backends; b++) {
         const fp4d_backend_report *br = &rep->backends[b];
-        if (br->unavailable[0]) continue;
+        if (br->unavailable[0] || (rep->case_filtered && !fp4d_verdict_is_failure(br->verdict))) continue;
         fp4d_cached_verdict v;
         memset(&v, 0, sizeof v);
         snprintf(v.verdict, sizeof v.verdict, "%s", fp4d_verdict_name(br->verdict));
