@@ -40,6 +40,10 @@ bool cli_use_color(FILE *f);
  * when there is no ':'). Returns false when the spec is empty. Caller frees *path. */
 bool cli_split_tensor_spec(const char *spec, char **path, char **name);
 
+/* A whole decimal number for an option's value: digits only (no sign, space, empty string or
+ * trailing characters) and within uint64_t. */
+bool cli_parse_u64(const char *s, uint64_t *out);
+
 /* Option parsing for a subcommand whose only option is -h/--help: scans argv from index 1 with
  * getopt_long. Returns -1 when parsing succeeded and the positional arguments start at optind;
  * otherwise the exit code to return at once: FP4D_EXIT_OK after printing usage to stdout for

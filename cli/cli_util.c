@@ -21,6 +21,17 @@ int cli_fail(int code, const char *cmd, const char *fmt, ...)
     return code;
 }
 
+bool cli_parse_u64(const char *s, uint64_t *out)
+{
+    if (!s || s[0] < '0' || s[0] > '9') return false; /* strtoull would take "", " 5", "-1" */
+    char *end;
+    errno = 0;
+    const unsigned long long v = strtoull(s, &end, 10);
+    if (errno || *end) return false;
+    *out = v;
+    return true;
+}
+
 bool cli_use_color(FILE *f)
 {
     const char *nc = getenv("NO_COLOR");

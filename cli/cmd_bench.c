@@ -453,9 +453,9 @@ int cmd_bench(int argc, char **argv)
         } else if (!strcmp(a, "--device") && v) {
             if (!strcmp(v, "all")) o.device = -1;
             else {
-                char *end;
-                long d = strtol(v, &end, 10);
-                if (*end || d < 0) return cli_fail(FP4D_EXIT_USAGE, cmd, "--device takes a GPU index or 'all', not '%s'", v);
+                uint64_t d;
+                if (!cli_parse_u64(v, &d) || d > 1024)
+                    return cli_fail(FP4D_EXIT_USAGE, cmd, "--device takes a GPU index or 'all', not '%s'", v);
                 o.device = (int)d;
             }
             i++;

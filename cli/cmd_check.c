@@ -52,16 +52,6 @@ static const char *opt_value(int argc, char **argv, int *i, const char *name, bo
     return argv[++*i];
 }
 
-static bool parse_u64(const char *s, uint64_t *out)
-{
-    char *end;
-    errno = 0;
-    unsigned long long v = strtoull(s, &end, 10);
-    if (errno || end == s || *end || s[0] == '-') return false;
-    *out = v;
-    return true;
-}
-
 typedef struct progress_state {
     bool enabled;
 } progress_state;
@@ -112,7 +102,7 @@ int cmd_check(int argc, char **argv)
         } else if ((v = opt_value(argc, argv, &i, "--device", &missing))) {
             uint64_t d;
             if (!strcmp(v, "all")) opt.device = FP4D_DEVICE_ALL;
-            else if (parse_u64(v, &d) && d < 1024) opt.device = (int)d;
+            else if (cli_parse_u64(v, &d) && d < 1024) opt.device = (int)d;
             else {
                 rc = cli_fail(FP4D_EXIT_USAGE, cmd, "--device takes 'all' or a device number, not '%s'", v);
                 goto out;
@@ -126,13 +116,13 @@ int cmd_check(int argc, char **argv)
         } else if ((v = opt_value(argc, argv, &i, "--html", &missing))) {
             html_path = v;
         } else if ((v = opt_value(argc, argv, &i, "--seed", &missing))) {
-            if (!parse_u64(v, &opt.seed)) {
+            if (!cli_parse_u64(v, &opt.seed)) {
                 rc = cli_fail(FP4D_EXIT_USAGE, cmd, "--seed takes a non-negative integer, not '%s'", v);
                 goto out;
             }
         } else if ((v = opt_value(argc, argv, &i, "--jobs", &missing))) {
             uint64_t j;
-            if (!parse_u64(v, &j) || j == 0 || j > 1024) {
+            if (!cli_parse_u64(v, &j) || j == 0 || j > 1024) {
                 rc = cli_fail(FP4D_EXIT_USAGE, cmd, "--jobs takes a number from 1 to 1024, not '%s'", v);
                 goto out;
             }

@@ -160,9 +160,9 @@ int cmd_gemm(int argc, char **argv)
                 return cli_fail(FP4D_EXIT_USAGE, cmd, "--out-dtype must be f32, bf16 or f16, not '%s'", optarg);
             break;
         case 'd': {
-            char *end;
-            long v = strtol(optarg, &end, 10);
-            if (*end || v < 0 || v > 1024) return cli_fail(FP4D_EXIT_USAGE, cmd, "--device must be a GPU index, not '%s'", optarg);
+            uint64_t v;
+            if (!cli_parse_u64(optarg, &v) || v > 1024)
+                return cli_fail(FP4D_EXIT_USAGE, cmd, "--device must be a GPU index, not '%s'", optarg);
             device = (int)v;
             break;
         }

@@ -171,11 +171,9 @@ int cmd_replay(int argc, char **argv)
             if (++i >= argc) return cli_fail(FP4D_EXIT_USAGE, cmd, "--backend needs a LIST");
             opt.backends = argv[i];
         } else if (!strcmp(a, "--rows") || !strcmp(a, "--seed")) {
-            char *end;
             if (i + 1 >= argc) return cli_fail(FP4D_EXIT_USAGE, cmd, "%s needs a number", a);
-            errno = 0;
-            unsigned long long v = strtoull(argv[i + 1], &end, 10);
-            if (errno || *end || (!strcmp(a, "--rows") && (v < 1 || v > 4096)))
+            uint64_t v;
+            if (!cli_parse_u64(argv[i + 1], &v) || (!strcmp(a, "--rows") && (v < 1 || v > 4096)))
                 return cli_fail(FP4D_EXIT_USAGE, cmd, "%s: bad number '%s'", a, argv[i + 1]);
             if (!strcmp(a, "--rows")) opt.rows = (int64_t)v;
             else opt.seed = v;

@@ -62,6 +62,8 @@ static int dispatch(int argc, char **argv)
                         char *sub[] = {argv[2], "--help", NULL};
                         return commands[i].fn(2, sub);
                     }
+                fprintf(stderr, "fp4doctor help: unknown command '%s' (see fp4doctor --help)\n", argv[2]);
+                return FP4D_EXIT_USAGE;
             }
             print_usage(stdout);
             return FP4D_EXIT_OK;

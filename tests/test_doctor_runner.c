@@ -425,7 +425,11 @@ static void test_cli_usage_errors(void **state)
     char cmd[1024];
     int rc;
     const char *bad[] = {"check --suite nope", "check --backend no-such-backend", "check --device x",
-                         "check --bogus", "check --seed -3", "env --bogus"};
+                         "check --bogus", "check --seed -3", "check --seed ' 5'", "env --bogus", "help nosuchcmd",
+                         /* numbers that strtol/strtoull would wrap, take empty or read as negative */
+                         "bench --backend cpu --device ''", "bench --backend cpu --device 99999999999999999999",
+                         "gemm --device '' a.safetensors:a b.safetensors:b out.safetensors",
+                         "replay /tmp --layer x --seed -1", "replay /tmp --layer x --seed ''"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         snprintf(cmd, sizeof cmd, "'%s' %s 2>&1", bin(), bad[i]);
         char *out = NULL;

@@ -347,6 +347,14 @@ static void test_err_open(void **state)
     assert_null(fp4d_st_open(tmp_dir(), &res));
     assert_int_equal(res.error, FP4D_ST_ERR_OPEN);
     assert_null(fp4d_st_open(NULL, NULL));
+    /* A FIFO is refused at once: the open must not wait for a writer (it used to hang). */
+    char fifo[512];
+    snprintf(fifo, sizeof fifo, "%s/in.fifo", tmp_dir());
+    assert_int_equal(mkfifo(fifo, 0600), 0);
+    assert_null(fp4d_st_open(fifo, &res));
+    assert_int_equal(res.error, FP4D_ST_ERR_OPEN);
+    assert_non_null(strstr(res.message, "not a regular file"));
+    unlink(fifo);
 }
 
 static void test_error_names_are_distinct(void **state)
@@ -542,7 +550,35 @@ static void test_writer_replaces_atomically(void **state)
     w = fp4d_st_writer_new();
     fp4d_st_writer_add(w, "x", FP4D_ST_U8, 1, &one, &v1, 1);
     assert_int_equal(fp4d_st_writer_save(w, "/nonexistent/dir/out.safetensors"), FP4D_STATUS_IO);
+
+    /* What the rename would replace is refused and left as it was: a FIFO (its reader would get
+     * nothing), a symbolic link (replaced, not written through), a directory. */
+    char fifo[512], link[512], target[512];
+    snprintf(fifo, sizeof fifo, "%s/out.fifo", tmp_dir());
+    snprintf(link, sizeof link, "%s/out.link", tmp_dir());
+    snprintf(target, sizeof target, "%s/target.bin", tmp_dir());
+    assert_int_equal(mkfifo(fifo, 0600), 0);
+    FILE *t = fopen(target, "w");
+    assert_non_null(t);
+    fputs("keep", t);
+    fclose(t);
+    assert_int_equal(symlink(target, link), 0);
+    const char *refused[] = {fifo, link, tmp_dir()};
+    for (size_t i = 0; i < 3; i++) {
+        assert_int_equal(fp4d_st_writer_save(w, refused[i]), FP4D_STATUS_IO);
+        assert_non_null(strstr(fp4d_last_error(), "not a regular file"));
+    }
     fp4d_st_writer_free(w);
+    struct stat sb;
+    assert_int_equal(lstat(fifo, &sb), 0);
+    assert_true(S_ISFIFO(sb.st_mode));
+    assert_int_equal(lstat(link, &sb), 0);
+    assert_true(S_ISLNK(sb.st_mode));
+    assert_int_equal(stat(target, &sb), 0);
+    assert_int_equal(sb.st_size, 4);
+    unlink(fifo);
+    unlink(link);
+    unlink(target);
 }
 
 static int teardown_dir(void **state)

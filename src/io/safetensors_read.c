@@ -482,7 +482,9 @@ fp4d_st_file *fp4d_st_open(const char *path, fp4d_st_open_result *res)
         res->message[0] = '\0';
     }
     if (!path) return st_fail(res, FP4D_ST_ERR_OPEN, "no path given");
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    /* O_NONBLOCK: a FIFO (or a device) given as a checkpoint must not block the open until a
+     * writer comes - it is refused below as not a regular file; regular files ignore the flag */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) return st_fail(res, FP4D_ST_ERR_OPEN, "cannot open '%s': %s", path, strerror(errno));
     struct stat st;
     if (fstat(fd, &st) != 0) {

@@ -189,6 +189,13 @@ static fp4d_status st_build_header(fp4d_st_writer *w, st_write_entry **order, ch
 fp4d_status fp4d_st_writer_save(fp4d_st_writer *w, const char *path)
 {
     FP4D_RETURN_ERROR_IF(!w || !path || !path[0], INVALID_ARG, "safetensors writer: NULL writer or empty path");
+    /* The file is made beside path and renamed over it, which would replace whatever path is
+     * with a regular file: a symbolic link (not its target), a FIFO its reader waits on, a
+     * device node (/dev/null, as root). Only a new path or a regular file is written. */
+    struct stat old;
+    FP4D_RETURN_ERROR_IF(lstat(path, &old) == 0 && !S_ISREG(old.st_mode), IO,
+                         "cannot write '%s': not a regular file (a link, FIFO, device or directory); "
+                         "name a new or regular file", path);
 
     st_write_entry **order = malloc((w->count ? w->count : 1) * sizeof *order);
     FP4D_RETURN_ERROR_IF(!order, NOMEM, "safetensors writer: out of memory");

@@ -101,9 +101,11 @@ static const fp4d_st_tensor *find2(const replay_shards *s, const char *module, c
     return t;
 }
 
+/* A one-element float tensor's value; NAN for anything else (a [4] or [2,2] tensor is not a
+ * per-tensor scale, and is not read as one). */
 static double scalar_of(const fp4d_st_tensor *t)
 {
-    if (!t || t->nbytes < 2) return NAN;
+    if (!t || t->nbytes * 8 != fp4d_st_dtype_bits(t->dtype)) return NAN;
     if (t->dtype == FP4D_ST_F32) {
         float f;
         memcpy(&f, t->data, 4);
@@ -160,6 +162,16 @@ static bool layer_load(const replay_shards *s, const char *name, replay_layer *L
         free(module);
         return false;
     }
+    /* one byte per element, as the copies below read them: two codes per byte, one scale per byte
+     * (F4 codes or F32 scales would be read past their ends, or reinterpreted) */
+    if (fp4d_st_dtype_bits(w->dtype) != 8 || fp4d_st_dtype_bits(sc->dtype) != 8 || w->dtype == FP4D_ST_BOOL ||
+        sc->dtype == FP4D_ST_BOOL) {
+        snprintf(why, why_n, "%s: %s is %s and %s is %s; replay reads packed codes and scales of one byte each "
+                 "(run fp4doctor scan)", module, w->name, fp4d_st_dtype_name(w->dtype), sc->name,
+                 fp4d_st_dtype_name(sc->dtype));
+        free(module);
+        return false;
+    }
     bool mx = gptoss || sc->dtype == FP4D_ST_U8 || sc->dtype == FP4D_ST_F8_E8M0;
     L->format = mx ? FP4D_DTYPE_MXFP4 : FP4D_DTYPE_NVFP4;
     int64_t block = mx ? 32 : 16;
@@ -184,7 +196,12 @@ static bool layer_load(const replay_shards *s, const char *name, replay_layer *L
         L->n = w->shape[0];
         L->k = 2 * w->shape[1];
     }
-    if (L->k % block || (uint64_t)(L->n * (L->k / block)) * (expert >= 0 ? 1 : 1) > sc->nbytes ||
+    /* the chosen expert's codes and scales inside their tensors (gpt-oss: expert e's bytes start
+     * e matrices in; a scales tensor with fewer experts than the blocks' is too short) */
+    const uint64_t experts_in = (uint64_t)(expert > 0 ? expert : 0) + 1;
+    if (L->n <= 0 || L->k <= 0 || L->k % block ||
+        experts_in * ((uint64_t)L->n * (uint64_t)L->k / 2) > w->nbytes ||
+        experts_in * ((uint64_t)L->n * (uint64_t)(L->k / block)) > sc->nbytes ||
         (!gptoss && (sc->shape[0] != L->n || sc->shape[1] != L->k / block)))
         goto bad_shape;
     L->codes = malloc((size_t)(L->n * L->k / 2));
@@ -333,8 +350,7 @@ static fp4d_verdict run_backend(const char *name, const fp4d_gemm_problem *proto
             st = fp4d_backend_gemm(b, &p, &why);
         }
         sh->status = st == FP4D_STATUS_UNSUPPORTED ? -2 : (int32_t)st;
-        memcpy(sh->reason, st == FP4D_STATUS_OK ? "" : why.text[0] ? why.text : fp4d_last_error(), sizeof sh->reason);
-        sh->reason[sizeof sh->reason - 1] = '\0';
+        snprintf(sh->reason, sizeof sh->reason, "%s", st == FP4D_STATUS_OK ? "" : why.text[0] ? why.text : fp4d_last_error());
         fp4d_backend_close(b);
         _exit(0);
     }

@@ -370,7 +370,7 @@ static char *path_join(const char *dir, const char *name)
 static char *read_small_file(const char *path, size_t *len_out, bool *exists)
 {
     *exists = false;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK); /* a FIFO must not block: refused below */
     if (fd < 0) return NULL;
     *exists = true;
     struct stat st;
@@ -667,7 +667,7 @@ static fp4d_status load_shards(scan_ctx *c)
 {
     for (size_t i = 0; i < c->num_files; i++) {
         scan_file *f = &c->files[i];
-        f->fd = open(f->path, O_RDONLY | O_CLOEXEC);
+        f->fd = open(f->path, O_RDONLY | O_CLOEXEC | O_NONBLOCK); /* a FIFO must not block: refused below */
         if (f->fd < 0) {
             if (errno == ENOENT) {
                 f->state = FILE_MISSING;

@@ -505,10 +505,93 @@ static void test_cli_exit_codes(void **s)
     rm_tree(dir);
 }
 
+/* One safetensors file of the given tensors (name, dtype, shape; bytes of a repeating pattern). */
+typedef struct gen_tensor {
+    const char   *name;
+    fp4d_st_dtype dtype;
+    int           ndim;
+    int64_t       shape[4];
+} gen_tensor;
+
+static void write_tensors(const char *path, const gen_tensor *t, size_t n)
+{
+    fp4d_st_writer *w = fp4d_st_writer_new();
+    assert_non_null(w);
+    uint8_t *bufs[8] = {0};
+    for (size_t i = 0; i < n; i++) {
+        uint64_t bits = fp4d_st_dtype_bits(t[i].dtype);
+        for (int d = 0; d < t[i].ndim; d++) bits *= (uint64_t)t[i].shape[d];
+        const size_t bytes = (size_t)(bits / 8);
+        bufs[i] = malloc(bytes ? bytes : 1);
+        assert_non_null(bufs[i]);
+        for (size_t b = 0; b < bytes; b++) bufs[i][b] = (uint8_t)(0x31 + b % 7); /* small finite codes and scales */
+        if (t[i].dtype == FP4D_ST_F32 && bytes == 4) {
+            const float one = 1.0f;
+            memcpy(bufs[i], &one, 4);
+        }
+        assert_int_equal(fp4d_st_writer_add(w, t[i].name, t[i].dtype, t[i].ndim, t[i].shape, bufs[i], bytes), FP4D_STATUS_OK);
+    }
+    assert_int_equal(fp4d_st_writer_save(w, path), FP4D_STATUS_OK);
+    fp4d_st_writer_free(w);
+    for (size_t i = 0; i < n; i++) free(bufs[i]);
+}
+
+/* replay on layers whose tensors do not hold what their names promise: unreadable input (exit 3),
+ * never a read past a tensor's end (these crashed with SIGSEGV, or read stray bytes). */
+static void test_cli_replay_refuses_malformed_layers(void **s)
+{
+    (void)s;
+    if (!getenv("FP4DOCTOR_BIN")) skip();
+    char *dir = make_tmpdir();
+    char path[1024], args[4096];
+    /* gpt-oss: 64 fused experts of blocks, scales for one */
+    const gen_tensor gptoss[] = {
+        {"model.layers.0.mlp.experts.down_proj_blocks", FP4D_ST_U8, 4, {64, 64, 32, 16}},
+        {"model.layers.0.mlp.experts.down_proj_scales", FP4D_ST_U8, 3, {1, 64, 32}},
+    };
+    snprintf(path, sizeof path, "%s/gptoss.safetensors", dir);
+    write_tensors(path, gptoss, 2);
+    snprintf(args, sizeof args, "replay %s --layer model.layers.0.mlp.experts.63.down_proj --backend ref", path);
+    assert_int_equal(run_cli(args), 3);
+    snprintf(args, sizeof args, "replay %s --layer model.layers.0.mlp.experts.0.down_proj --backend ref", path);
+    assert_int_equal(run_cli(args), 0); /* the one expert the scales cover */
+    /* compressed-tensors codes typed F4: half the bytes of the U8 [64, 128] they stand for */
+    const gen_tensor ct_f4[] = {
+        {"model.layers.0.mlp.down_proj.weight_scale", FP4D_ST_F8_E4M3, 2, {64, 16}},
+        {"model.layers.0.mlp.down_proj.weight_global_scale", FP4D_ST_F32, 0, {0}},
+        {"model.layers.0.mlp.down_proj.weight_packed", FP4D_ST_F4, 2, {64, 128}},
+    };
+    snprintf(path, sizeof path, "%s/ct_f4.safetensors", dir);
+    write_tensors(path, ct_f4, 3);
+    snprintf(args, sizeof args, "replay %s --layer model.layers.0.mlp.down_proj --backend ref", path);
+    assert_int_equal(run_cli(args), 3);
+    /* ModelOpt: F32 block scales, and a per-tensor scale of four elements */
+    const gen_tensor mo_f32[] = {
+        {"model.layers.0.mlp.down_proj.weight", FP4D_ST_U8, 2, {64, 128}},
+        {"model.layers.0.mlp.down_proj.weight_scale", FP4D_ST_F32, 2, {64, 16}},
+        {"model.layers.0.mlp.down_proj.weight_scale_2", FP4D_ST_F32, 0, {0}},
+    };
+    snprintf(path, sizeof path, "%s/mo_f32.safetensors", dir);
+    write_tensors(path, mo_f32, 3);
+    snprintf(args, sizeof args, "replay %s --layer model.layers.0.mlp.down_proj --backend ref", path);
+    assert_int_equal(run_cli(args), 3);
+    const gen_tensor mo_s2[] = {
+        {"model.layers.0.mlp.down_proj.weight", FP4D_ST_U8, 2, {64, 128}},
+        {"model.layers.0.mlp.down_proj.weight_scale", FP4D_ST_F8_E4M3, 2, {64, 16}},
+        {"model.layers.0.mlp.down_proj.weight_scale_2", FP4D_ST_F32, 1, {4}},
+    };
+    snprintf(path, sizeof path, "%s/mo_s2.safetensors", dir);
+    write_tensors(path, mo_s2, 3);
+    snprintf(args, sizeof args, "replay %s --layer model.layers.0.mlp.down_proj --backend ref", path);
+    assert_int_equal(run_cli(args), 3);
+    rm_tree(dir);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_clean_modelopt),
+        cmocka_unit_test(test_cli_replay_refuses_malformed_layers),
         cmocka_unit_test(test_clean_modelopt_moe),
         cmocka_unit_test(test_clean_ct_nvfp4),
         cmocka_unit_test(test_clean_ct_mxfp4),
