@@ -1637,7 +1637,12 @@ static fp4d_status plan_jobs(scan_ctx *c, size_t *max_job_bytes)
         if (!s->readable || fp4d_st_dtype_bits(s->dtype) != 8 || (uint64_t)(u->rows * u->scale_cols) != tensor_elems(s))
             continue;
         u->scanned = true;
-        u->data_scanned = u->joint_ok && !c->opt.scales_only && c->tensors[u->weight].readable;
+        /* the codes are read as bytes, block_bytes per scale: only where the tensor holds exactly
+         * those (codes typed F4 hold half of them and were read past their end; DTYPE_MISMATCH
+         * says why their values go unread) */
+        const scan_tensor *w = &c->tensors[u->weight];
+        u->data_scanned = u->joint_ok && !c->opt.scales_only && w->readable && fp4d_st_dtype_bits(w->dtype) == 8 &&
+                          tensor_elems(w) == (uint64_t)u->rows * (uint64_t)u->scale_cols * (uint64_t)u->block_bytes;
         if (u->num_experts) {
             u->exp_nan = calloc((size_t)u->num_experts, sizeof *u->exp_nan);
             u->exp_neg = calloc((size_t)u->num_experts, sizeof *u->exp_neg);

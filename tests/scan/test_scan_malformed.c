@@ -160,6 +160,25 @@ static void test_header_rules(void **s)
     fp4d_scan_report_free(r);
 }
 
+/* Packed codes typed F4 hold half the bytes of the U8 [rows, K/2] they stand for: a
+ * DTYPE_MISMATCH finding, and their values are not read (they were read past the tensor - here
+ * the file's - end, and the scan failed with a read error). */
+static void test_codes_typed_f4(void **s)
+{
+    (void)s;
+    const char *h = "{\"m.weight_scale\":{\"dtype\":\"F8_E4M3\",\"shape\":[4,2],\"data_offsets\":[0,8]},"
+                    "\"m.weight_scale_2\":{\"dtype\":\"F32\",\"shape\":[],\"data_offsets\":[8,12]},"
+                    "\"m.weight\":{\"dtype\":\"F4\",\"shape\":[4,16],\"data_offsets\":[12,44]}}";
+    fp4d_scan_report *r = scan_one(write_st("f4codes.safetensors", h, ~0ull, 44, ~0ull));
+    bool mismatch = false;
+    for (size_t i = 0; i < fp4d_scan_report_count(r); i++) {
+        const fp4d_scan_finding *f = fp4d_scan_report_get(r, i);
+        mismatch |= f->code == FP4D_FINDING_DTYPE_MISMATCH && f->tensor && !strcmp(f->tensor, "m.weight");
+    }
+    assert_true(mismatch);
+    fp4d_scan_report_free(r);
+}
+
 static void test_folders(void **s)
 {
     (void)s;
@@ -214,6 +233,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_header_rules),
         cmocka_unit_test(test_folders),
+        cmocka_unit_test(test_codes_typed_f4),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
