@@ -30,7 +30,7 @@ static void usage(FILE *f)
             "  --seed N           input seed (default 1)\n"
             "  --jobs N           child processes at once (default: number of CPUs)\n"
             "  --case TEXT        only cases whose name contains TEXT (repeatable)\n"
-            "  --list-cases       print the suite's cases and exit\n\n"
+            "  --list-cases       print the suite's cases (those --case selects) and exit\n\n"
             "Environment: FP4DOCTOR_TIMEOUT_SCALE multiplies every time limit (default 1);\n"
             "NO_COLOR disables colour.\n"
             "Exit: 0 every checked backend passed (or is unsupported here), 1 a backend failed,\n"
@@ -116,8 +116,9 @@ int cmd_check(int argc, char **argv)
         } else if ((v = opt_value(argc, argv, &i, "--html", &missing))) {
             html_path = v;
         } else if ((v = opt_value(argc, argv, &i, "--seed", &missing))) {
-            if (!cli_parse_u64(v, &opt.seed)) {
-                rc = cli_fail(FP4D_EXIT_USAGE, cmd, "--seed takes a non-negative integer, not '%s'", v);
+            /* within int64: the JSON report writes the seed as an integer, signed in jansson */
+            if (!cli_parse_u64(v, &opt.seed) || opt.seed > (uint64_t)INT64_MAX) {
+                rc = cli_fail(FP4D_EXIT_USAGE, cmd, "--seed takes an integer in 0..%lld, not '%s'", (long long)INT64_MAX, v);
                 goto out;
             }
         } else if ((v = opt_value(argc, argv, &i, "--jobs", &missing))) {
@@ -148,7 +149,8 @@ int cmd_check(int argc, char **argv)
             rc = cli_fail(FP4D_EXIT_INTERNAL, cmd, "%s", fp4d_last_error());
             goto out;
         }
-        for (size_t i = 0; i < n; i++) printf("%-8s %s\n", cases[i].group, cases[i].name);
+        for (size_t i = 0; i < n; i++)
+            if (fp4d_case_selected(&opt, &cases[i])) printf("%-8s %s\n", cases[i].group, cases[i].name);
         free(cases);
         goto out;
     }

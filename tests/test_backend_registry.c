@@ -121,6 +121,9 @@ static void test_builtins_in_order(void **state)
 static void test_add_rejects_bad_ifaces(void **state)
 {
     (void)state;
+    /* plugins counted but no paths: an error, not a NULL dereference */
+    const fp4d_registry_options no_paths = {false, NULL, 2};
+    assert_int_equal(fp4d_registry_init(&no_paths), FP4D_STATUS_INVALID_ARG);
     static toy_conf    conf = {5, false, false};
     size_t             n    = fp4d_registry_count();
     fp4d_backend_iface f;

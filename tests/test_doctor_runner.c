@@ -425,7 +425,9 @@ static void test_cli_usage_errors(void **state)
     char cmd[1024];
     int rc;
     const char *bad[] = {"check --suite nope", "check --backend no-such-backend", "check --device x",
-                         "check --bogus", "check --seed -3", "check --seed ' 5'", "env --bogus", "help nosuchcmd",
+                         "check --bogus", "check --seed -3", "check --seed ' 5'",
+                         "check --seed 9223372036854775808", /* the JSON report wrote it negative */
+                         "env --bogus", "help nosuchcmd",
                          /* numbers that strtol/strtoull would wrap, take empty or read as negative */
                          "bench --backend cpu --device ''", "bench --backend cpu --device 99999999999999999999",
                          "gemm --device '' a.safetensors:a b.safetensors:b out.safetensors",
@@ -446,6 +448,16 @@ static void test_cli_usage_errors(void **state)
     rc = tu_run_capture(cmd, &ignored);
     free(ignored);
     assert_int_equal(rc, 3);
+    /* --list-cases lists what --case selects */
+    snprintf(cmd, sizeof cmd, "'%s' check --suite quick --list-cases --case .m1. --case k4096 2>&1", bin());
+    char *listed = NULL;
+    assert_int_equal(tu_run_capture(cmd, &listed), 0);
+    assert_non_null(listed);
+    int n_listed = 0;
+    for (char *line = strtok(listed, "\n"); line; line = strtok(NULL, "\n"), n_listed++)
+        if (!strstr(line, ".m1.") && !strstr(line, "k4096")) fail_msg("--list-cases listed an unselected case: %s", line);
+    assert_true(n_listed >= 2);
+    free(listed);
     snprintf(cmd, sizeof cmd, "'%s' env --json", bin());
     char *out = NULL;
     rc = tu_run_capture(cmd, &out);

@@ -33,6 +33,20 @@ static void test_buffer_sizes(void **state)
     assert_int_equal(fp4d_scale_buffer_size(FP4D_LAYOUT_SWIZZLED_128X4, 1, 1), 512);
     assert_int_equal(fp4d_scale_buffer_size(FP4D_LAYOUT_SWIZZLED_8X4, 13, 3), 16 * 4);
     assert_int_equal(fp4d_scale_buffer_size(FP4D_LAYOUT_SWIZZLED_8X4, 0, 3), 0);
+    /* Beyond FP4D_MAX_DIM the size is 0 (the products wrapped: 2^62 + 1 rows of a swizzled
+     * layout came out as 512 bytes, and the conversion wrote far past them). */
+    assert_int_equal(fp4d_scale_buffer_size(FP4D_LAYOUT_LINEAR, INT64_MAX / 2, 4), 0);
+    assert_int_equal(fp4d_scale_buffer_size(FP4D_LAYOUT_SWIZZLED_128X4, INT64_MAX - 5, 1), 0);
+    assert_int_equal(fp4d_scale_buffer_size(FP4D_LAYOUT_SWIZZLED_128X4, (INT64_C(1) << 62) + 1, 4), 0);
+    assert_int_equal(fp4d_scale_buffer_size(FP4D_LAYOUT_LINEAR, FP4D_MAX_DIM, 2), (size_t)FP4D_MAX_DIM * 2);
+    uint8_t src[8] = {1, 2, 3, 4, 5, 6, 7, 8}, dst[8] = {0};
+    fp4d_scales_convert(FP4D_LAYOUT_LINEAR, src, FP4D_LAYOUT_SWIZZLED_128X4, dst, (INT64_C(1) << 62) + 1, 4);
+    fp4d_scales_convert((fp4d_scale_layout)999, src, FP4D_LAYOUT_LINEAR, dst, 2, 4);
+    for (int i = 0; i < 8; i++) assert_int_equal(dst[i], 0); /* nothing written */
+    /* data sizes that do not fit are SIZE_MAX, not a wrapped small number */
+    assert_true(fp4d_dtype_data_bytes(FP4D_DTYPE_F32, INT64_C(1) << 31, INT64_C(1) << 31) == SIZE_MAX);
+    assert_true(fp4d_dtype_data_bytes(FP4D_DTYPE_NVFP4, INT64_MAX, INT64_MAX) == SIZE_MAX);
+    assert_int_equal(fp4d_dtype_data_bytes(FP4D_DTYPE_NVFP4, 3, 32), 48);
 }
 
 /* For each byte of a swizzled buffer, which padded logical (row, col) it holds, computed

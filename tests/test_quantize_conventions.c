@@ -614,6 +614,13 @@ static void test_invalid_arguments(void **state)
     assert_int_equal(fp4d_quantize(&p, FP4D_DTYPE_F32, x, 1, 32, c, s, NULL), FP4D_STATUS_INVALID_ARG);
     p.encode_scale = NAN;
     assert_int_equal(fp4d_quantize(&p, FP4D_DTYPE_F32, x, 1, 32, c, s, NULL), FP4D_STATUS_INVALID_ARG);
+    p.encode_scale = INFINITY; /* decode scale 0: every element would dequantize to 0 */
+    assert_int_equal(fp4d_quantize(&p, FP4D_DTYPE_F32, x, 1, 32, c, s, NULL), FP4D_STATUS_INVALID_ARG);
+    p.encode_scale = 0.0f;
+    /* a row length whose scratch size wrapped (cols * 4 bytes): refused before any allocation */
+    assert_int_equal(fp4d_quantize(&p, FP4D_DTYPE_BF16, x, 1, (INT64_C(1) << 62) + 16, c, s, NULL),
+                     FP4D_STATUS_INVALID_ARG);
+    assert_int_equal(fp4d_quantize(&p, FP4D_DTYPE_F32, x, FP4D_MAX_DIM + 1, 32, c, s, NULL), FP4D_STATUS_INVALID_ARG);
     p.encode_scale = 0.0f;
     p.convention = FP4D_CONV_OCP;
     assert_int_equal(fp4d_quantize(&p, FP4D_DTYPE_F32, x, 1, 32, c, s, NULL), FP4D_STATUS_INVALID_ARG);

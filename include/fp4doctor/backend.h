@@ -110,7 +110,8 @@ typedef struct fp4d_registry_options {
  */
 fp4d_status fp4d_registry_init(const fp4d_registry_options *opt);
 /* Registers one backend. Rejects a wrong api_version, a too-small struct_size, missing
- * mandatory slots or a duplicate name with INVALID_ARG. */
+ * mandatory slots or a duplicate name with INVALID_ARG. The registry keeps the pointer: iface
+ * and the strings it points to must live as long as the process (a static const struct). */
 fp4d_status fp4d_registry_add(const fp4d_backend_iface *iface);
 size_t fp4d_registry_count(void);
 const fp4d_backend_iface *fp4d_registry_get(size_t index);  /* NULL if out of range */

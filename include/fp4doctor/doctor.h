@@ -210,6 +210,9 @@ typedef struct fp4d_doctor_options {
     void             *progress_user;
 } fp4d_doctor_options;
 
+/* Whether the options' case filters select c (true when there are none). */
+bool fp4d_case_selected(const fp4d_doctor_options *opt, const fp4d_case *c);
+
 #define FP4D_DEVICE_ALL (-2)
 #define FP4D_MAX_REPORT_DEVICES 64
 

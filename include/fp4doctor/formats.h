@@ -97,7 +97,8 @@ typedef struct fp4d_dtype_traits {
 const fp4d_dtype_traits *fp4d_dtype_get(fp4d_dtype t);
 /* Looks up "f32", "bf16", "f16"/"fp16", "nvfp4", "mxfp4". Returns false if unknown. */
 bool fp4d_dtype_from_name(const char *name, fp4d_dtype *out);
-/* Bytes of the element data of a [rows, cols] matrix (packed for FP4: rows*cols/2). */
+/* Bytes of the element data of a [rows, cols] matrix (packed for FP4: rows*cols/2); 0 for a
+ * negative shape or unknown dtype, SIZE_MAX where the count does not fit in size_t. */
 size_t fp4d_dtype_data_bytes(fp4d_dtype t, int64_t rows, int64_t cols);
 
 /* ---------------------------------------------------------------------------------------
@@ -114,12 +115,18 @@ typedef enum fp4d_scale_layout {
 const char *fp4d_scale_layout_name(fp4d_scale_layout l); /* "linear", "swizzled", "swizzled8x4" */
 bool fp4d_scale_layout_from_name(const char *name, fp4d_scale_layout *out); /* also accepts "128x4", "8x4" */
 
-/* Bytes of a scale buffer for a logical [rows, scale_cols] scale matrix, padding included. */
+/* The largest row count or row length the format functions take (as fp4d_gemm_validate):
+ * sizes beyond it would overflow 64-bit byte counts. */
+#define FP4D_MAX_DIM (INT64_C(1) << 31)
+
+/* Bytes of a scale buffer for a logical [rows, scale_cols] scale matrix, padding included;
+ * 0 for a negative or unknown argument, or one beyond FP4D_MAX_DIM. */
 size_t fp4d_scale_buffer_size(fp4d_scale_layout l, int64_t rows, int64_t scale_cols);
 /* Byte offset of logical scale (r, c). */
 size_t fp4d_scale_offset(fp4d_scale_layout l, int64_t rows, int64_t scale_cols, int64_t r, int64_t c);
 /* Converts between layouts. dst must hold fp4d_scale_buffer_size(dst_layout, ...) bytes;
- * padding bytes of dst are written as 0x00. src and dst must not overlap. */
+ * padding bytes of dst are written as 0x00. src and dst must not overlap. Does nothing where
+ * that size is 0 or src_layout is unknown. */
 void fp4d_scales_convert(fp4d_scale_layout src_layout, const uint8_t *src,
                          fp4d_scale_layout dst_layout, uint8_t *dst,
                          int64_t rows, int64_t scale_cols);

@@ -401,6 +401,8 @@ fp4d_status fp4d_registry_init(const fp4d_registry_options *opt)
         for (size_t i = 0; i < fp4d_faulty_backend_count() && st == FP4D_STATUS_OK; i++)
             st = fp4d_registry_add(fp4d_faulty_backend_iface(i));
     }
+    if (st == FP4D_STATUS_OK && opt && opt->num_plugins > 0 && !opt->plugin_paths)
+        st = fp4d_set_error(FP4D_STATUS_INVALID_ARG, "registry: %zu plugins and no paths", opt->num_plugins);
     for (size_t i = 0; st == FP4D_STATUS_OK && opt && i < opt->num_plugins; i++)
         st = fp4d_plugin_load(opt->plugin_paths[i]);
     const char *env = getenv("FP4DOCTOR_PLUGINS");

@@ -51,7 +51,7 @@ static fp4d_status validate_matrix(const fp4d_matrix *x, const char *role, bool 
     FP4D_RETURN_ERROR_IF(x->rows < 0 || x->cols <= 0, INVALID_ARG,
                          "%s: bad shape [%lld, %lld]", role, (long long)x->rows, (long long)x->cols);
     /* Bound the shape so that every byte count below fits comfortably in 64 bits. */
-    FP4D_RETURN_ERROR_IF(x->rows > (INT64_C(1) << 31) || x->cols > (INT64_C(1) << 31), INVALID_ARG,
+    FP4D_RETURN_ERROR_IF(x->rows > FP4D_MAX_DIM || x->cols > FP4D_MAX_DIM, INVALID_ARG,
                          "%s: shape [%lld, %lld] too large", role, (long long)x->rows, (long long)x->cols);
     FP4D_RETURN_ERROR_IF(x->rows > 0 && !x->data, INVALID_ARG, "%s: data is NULL", role);
     if (t->is_block_fp4) {

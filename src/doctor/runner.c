@@ -615,7 +615,7 @@ static void recommend(fp4d_report *rep)
  * fp4d_doctor_run
  * ------------------------------------------------------------------------------------- */
 
-static bool case_selected(const fp4d_doctor_options *o, const fp4d_case *c)
+bool fp4d_case_selected(const fp4d_doctor_options *o, const fp4d_case *c)
 {
     if (!o->case_filter || o->num_case_filters == 0) return true;
     for (size_t i = 0; i < o->num_case_filters; i++)
@@ -719,7 +719,7 @@ fp4d_status fp4d_doctor_run(const fp4d_doctor_options *opt, fp4d_report *rep)
     }
     size_t ntodo = 0;
     for (size_t i = 0; i < rep->num_cases; i++)
-        if (case_selected(opt, &rep->cases[i])) todo[ntodo++] = (int32_t)i;
+        if (fp4d_case_selected(opt, &rep->cases[i])) todo[ntodo++] = (int32_t)i;
 
     /* The devices `all` stands for: the real ones, or FP4DOCTOR_SIMULATE_DEVICES logical
      * ones mapped onto them (doctor.h), so the per-device path runs on one GPU or none. */

@@ -63,7 +63,11 @@ size_t fp4d_dtype_data_bytes(fp4d_dtype t, int64_t rows, int64_t cols)
 {
     const fp4d_dtype_traits *tr = fp4d_dtype_get(t);
     if (!tr || rows < 0 || cols < 0) return 0;
-    uint64_t bits = (uint64_t)rows * (uint64_t)cols * tr->element_bits;
+    /* a size that does not fit is SIZE_MAX (no allocation succeeds), not a wrapped small one */
+    uint64_t elems, bits;
+    if (__builtin_mul_overflow((uint64_t)rows, (uint64_t)cols, &elems) ||
+        __builtin_mul_overflow(elems, (uint64_t)tr->element_bits, &bits) || (bits + 7) / 8 > SIZE_MAX)
+        return SIZE_MAX;
     return (size_t)((bits + 7) / 8);
 }
 

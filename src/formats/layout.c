@@ -45,7 +45,8 @@ static int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
 
 size_t fp4d_scale_buffer_size(fp4d_scale_layout l, int64_t rows, int64_t scale_cols)
 {
-    if (rows < 0 || scale_cols < 0) return 0;
+    /* within FP4D_MAX_DIM both products below stay far inside int64_t */
+    if (rows < 0 || scale_cols < 0 || rows > FP4D_MAX_DIM || scale_cols > FP4D_MAX_DIM) return 0;
     switch (l) {
     case FP4D_LAYOUT_LINEAR:
         return (size_t)(rows * scale_cols);
@@ -78,7 +79,7 @@ void fp4d_scales_convert(fp4d_scale_layout src_layout, const uint8_t *src,
                          int64_t rows, int64_t scale_cols)
 {
     size_t dst_size = fp4d_scale_buffer_size(dst_layout, rows, scale_cols);
-    if (dst_size == 0) return;
+    if (dst_size == 0 || (unsigned)src_layout >= FP4D_LAYOUT_COUNT) return;
     if (dst_layout != FP4D_LAYOUT_LINEAR) memset(dst, 0, dst_size); /* padding = 0x00 */
     if (src_layout == dst_layout) {
         /* Same layout: copy the logical bytes only, so src padding never leaks into dst. */

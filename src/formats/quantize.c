@@ -64,13 +64,16 @@ fp4d_status fp4d_quantize(const fp4d_quantize_params *p, fp4d_dtype src_type, co
                          "quantize: source must be f32, bf16 or f16");
     FP4D_RETURN_ERROR_IF(rows < 0 || cols < 0, INVALID_ARG,
                          "quantize: negative shape [%lld, %lld]", (long long)rows, (long long)cols);
+    FP4D_RETURN_ERROR_IF(rows > FP4D_MAX_DIM || cols > FP4D_MAX_DIM, INVALID_ARG,
+                         "quantize: shape [%lld, %lld] beyond %lld rows or columns", (long long)rows,
+                         (long long)cols, (long long)FP4D_MAX_DIM);
     const fp4d_dtype_traits *tr = fp4d_dtype_get(p->format);
     const int block = (int)tr->block_size;
     FP4D_RETURN_ERROR_IF(cols % block != 0, INVALID_ARG,
                          "quantize: %s needs the row length to be a multiple of %d, got %lld",
                          tr->name, block, (long long)cols);
-    FP4D_RETURN_ERROR_IF(p->format == FP4D_DTYPE_NVFP4 && !(p->encode_scale >= 0.0f), INVALID_ARG,
-                         "quantize: encode_scale must be > 0 (or 0 to derive it), got %g",
+    FP4D_RETURN_ERROR_IF(p->format == FP4D_DTYPE_NVFP4 && !(p->encode_scale >= 0.0f && isfinite(p->encode_scale)),
+                         INVALID_ARG, "quantize: encode_scale must be finite and > 0 (or 0 to derive it), got %g",
                          (double)p->encode_scale);
     const bool empty = rows == 0 || cols == 0;
     FP4D_RETURN_ERROR_IF(!empty && (!src || !codes || !scales), INVALID_ARG, "quantize: NULL buffer");

@@ -441,12 +441,18 @@ fp4d_status fp4d_probe_classify(const char *body, size_t len, int http_status, b
         goto out;
     }
 
-    /* Keep the text before any verdict on it: the report quotes it. */
+    /* Keep the text before any verdict on it: the report quotes it. A NUL inside it ("\u0000")
+     * becomes '?': the outcome's strings are NUL-terminated, and the checks below would otherwise
+     * stop at it and miss whatever garbage follows. */
     if (p.content_present) {
+        for (size_t i = 0; p.content.p && i < p.content.len; i++)
+            if (!p.content.p[i]) p.content.p[i] = '?';
         o->content = p.content.p ? p.content.p : strdup("");
         p.content.p = NULL;
     }
     if (p.reasoning_present) {
+        for (size_t i = 0; p.reasoning.p && i < p.reasoning.len; i++)
+            if (!p.reasoning.p[i]) p.reasoning.p[i] = '?';
         o->reasoning = p.reasoning.p ? p.reasoning.p : strdup("");
         p.reasoning.p = NULL;
     }

@@ -149,6 +149,9 @@ static void test_empty_and_degenerate_content(void **state)
                  200, false, FP4D_PROBE_DEGENERATE);
     expect_class("{\"choices\":[{\"message\":{\"content\":\"'s's's's's's's't\"},\"finish_reason\":\"length\"}]}",
                  200, false, FP4D_PROBE_DEGENERATE);
+    /* A NUL inside the text does not hide the garbage after it (the checks stopped at it). */
+    expect_class("{\"choices\":[{\"message\":{\"content\":\"ok\\u0000!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!\"},"
+                 "\"finish_reason\":\"length\"}]}", 200, false, FP4D_PROBE_DEGENERATE);
     /* Garbage in the reasoning with a right answer is still garbage. */
     expect_class("{\"choices\":[{\"message\":{\"content\":\"42\",\"reasoning_content\":\"??????????????\"},"
                  "\"finish_reason\":\"stop\"}]}", 200, false, FP4D_PROBE_DEGENERATE);
