@@ -162,6 +162,13 @@ int cmd_check(int argc, char **argv)
         goto out;
     }
     if (backend_list) {
+        /* an empty item is a mistake to report, not to drop (as `bench` does) */
+        const size_t len = strlen(backend_list);
+        if (len == 0 || backend_list[0] == ',' || backend_list[len - 1] == ',' || strstr(backend_list, ",,")) {
+            rc = cli_fail(FP4D_EXIT_USAGE, cmd, "--backend takes comma-separated names with no empty item, not '%s'",
+                          backend_list);
+            goto out;
+        }
         size_t count = 1;
         for (const char *p = backend_list; *p; p++) count += *p == ',';
         names = calloc(count + 1, sizeof *names);

@@ -258,6 +258,13 @@ static void test_auto(void **state)
     /* toy-good (score 5, correct, supports f32) is registered; cpu scores 10+: cpu wins */
     assert_int_equal(fp4d_backend_choose_auto(&d, &name, &why), FP4D_STATUS_OK);
     assert_string_equal(name, "cpu");
+    /* a shape that is no GEMM is refused, not handed to a backend (m = n = -4 chose cpu) */
+    fp4d_gemm_desc bad = d;
+    bad.m = bad.n = -4;
+    assert_int_equal(fp4d_backend_choose_auto(&bad, &name, &why), FP4D_STATUS_INVALID_ARG);
+    bad = d;
+    bad.k = FP4D_MAX_DIM * 2;
+    assert_int_equal(fp4d_backend_choose_auto(&bad, &name, &why), FP4D_STATUS_INVALID_ARG);
 
     /* A liar with the highest score: validated against the reference and passed over. */
     static toy_conf    liar = {1000, true, false};

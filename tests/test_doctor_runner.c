@@ -288,13 +288,30 @@ static int temporaries_beside(const char *path)
     return tu_count_prefixed(folder, prefix);
 }
 
-static void test_verdict_cache(void **state)
+/* A fresh cache folder (XDG_CACHE_HOME) for this process and the CLI runs it starts; dir is
+ * a "/tmp/...XXXXXX" template, filled in. */
+static void use_scratch_cache(char *dir)
 {
-    char dir[] = "/tmp/fp4d_cacheXXXXXX";
     assert_non_null(mkdtemp(dir));
     setenv("XDG_CACHE_HOME", dir, 1);
     unsetenv("FP4DOCTOR_NO_CACHE");
     fp4d_verdict_cache_disable(false);
+}
+
+/* Removes the cache file and the folders use_scratch_cache made. */
+static void drop_scratch_cache(const char *dir)
+{
+    remove(fp4d_verdict_cache_path());
+    char sub[256];
+    snprintf(sub, sizeof sub, "%s/fp4doctor", dir);
+    rmdir(sub);
+    rmdir(dir);
+}
+
+static void test_verdict_cache(void **state)
+{
+    char dir[] = "/tmp/fp4d_cacheXXXXXX";
+    use_scratch_cache(dir);
     const char *path = fp4d_verdict_cache_path();
     assert_int_equal(strncmp(path, dir, strlen(dir)), 0);
     fp4d_cached_verdict v = {"PASS", "quick", 12.5}, got;
@@ -327,11 +344,7 @@ static void test_verdict_cache(void **state)
     assert_false(fp4d_verdict_cache_get("cpu", -1, &got));
     assert_int_equal(fp4d_verdict_cache_put("cpu", -1, &v), FP4D_STATUS_OK);
     assert_true(fp4d_verdict_cache_get("cpu", -1, &got));
-    remove(path);
-    char sub[256];
-    snprintf(sub, sizeof sub, "%s/fp4doctor", dir);
-    rmdir(sub);
-    rmdir(dir);
+    drop_scratch_cache(dir);
 }
 
 /* A run narrowed by --case writes only failures into the cache: one that matched no case, or
@@ -340,10 +353,7 @@ static void test_verdict_cache(void **state)
 static void test_case_filtered_run_caches_failures_only(void **state)
 {
     char dir[] = "/tmp/fp4d_cfcacheXXXXXX";
-    assert_non_null(mkdtemp(dir));
-    setenv("XDG_CACHE_HOME", dir, 1);
-    unsetenv("FP4DOCTOR_NO_CACHE");
-    fp4d_verdict_cache_disable(false);
+    use_scratch_cache(dir);
     static const struct {
         const char *args;
         int         rc;
@@ -373,11 +383,7 @@ static void test_case_filtered_run_caches_failures_only(void **state)
     free(out);
     assert_true(fp4d_verdict_cache_get("cpu", -1, &got));
     assert_string_equal(got.verdict, "PASS");
-    remove(fp4d_verdict_cache_path());
-    char sub[256];
-    snprintf(sub, sizeof sub, "%s/fp4doctor", dir);
-    rmdir(sub);
-    rmdir(dir);
+    drop_scratch_cache(dir);
 }
 
 /* A report into a pipe whose reader has gone could not be written: exit 3 with a message,
@@ -427,6 +433,7 @@ static void test_cli_usage_errors(void **state)
     const char *bad[] = {"check --suite nope", "check --backend no-such-backend", "check --device x",
                          "check --bogus", "check --seed -3", "check --seed ' 5'",
                          "check --seed 9223372036854775808", /* the JSON report wrote it negative */
+                         "check --backend ref,,cpu", "check --backend ref,",
                          "env --bogus", "help nosuchcmd",
                          /* numbers that strtol/strtoull would wrap, take empty or read as negative */
                          "bench --backend cpu --device ''", "bench --backend cpu --device 99999999999999999999",

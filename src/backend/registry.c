@@ -716,6 +716,11 @@ fp4d_status fp4d_backend_choose_auto(const fp4d_gemm_desc *desc, const char **na
 {
     FP4D_RETURN_ERROR_IF(!desc || !name_out, INVALID_ARG, "fp4d_backend_choose_auto: NULL argument");
     *name_out = NULL;
+    /* no backend's supports() is asked to judge a shape that is no GEMM (m = n = -4 chose cpu) */
+    FP4D_RETURN_ERROR_IF(desc->m < 0 || desc->n < 0 || desc->k < 0 || desc->m > FP4D_MAX_DIM || desc->n > FP4D_MAX_DIM ||
+                             desc->k > FP4D_MAX_DIM || desc->num_experts < 0,
+                         INVALID_ARG, "fp4d_backend_choose_auto: shape m %lld, n %lld, k %lld, %d experts",
+                         (long long)desc->m, (long long)desc->n, (long long)desc->k, (int)desc->num_experts);
     ensure_registry();
 
     const char *forced = getenv("FP4DOCTOR_BACKEND");

@@ -536,6 +536,16 @@ static void write_tensors(const char *path, const gen_tensor *t, size_t n)
     for (size_t i = 0; i < n; i++) free(bufs[i]);
 }
 
+/* Writes the tensors as DIR/FILE and runs `replay` of layer on it with the ref backend. */
+static int replay_exit(const char *dir, const char *file, const gen_tensor *t, size_t n, const char *layer)
+{
+    char path[1024], args[4096];
+    snprintf(path, sizeof path, "%s/%s", dir, file);
+    write_tensors(path, t, n);
+    snprintf(args, sizeof args, "replay %s --layer %s --backend ref", path, layer);
+    return run_cli(args);
+}
+
 /* replay on layers whose tensors do not hold what their names promise: unreadable input (exit 3),
  * never a read past a tensor's end (these crashed with SIGSEGV, or read stray bytes). */
 static void test_cli_replay_refuses_malformed_layers(void **s)
@@ -543,47 +553,35 @@ static void test_cli_replay_refuses_malformed_layers(void **s)
     (void)s;
     if (!getenv("FP4DOCTOR_BIN")) skip();
     char *dir = make_tmpdir();
-    char path[1024], args[4096];
+    const char *down = "model.layers.0.mlp.down_proj";
     /* gpt-oss: 64 fused experts of blocks, scales for one */
     const gen_tensor gptoss[] = {
         {"model.layers.0.mlp.experts.down_proj_blocks", FP4D_ST_U8, 4, {64, 64, 32, 16}},
         {"model.layers.0.mlp.experts.down_proj_scales", FP4D_ST_U8, 3, {1, 64, 32}},
     };
-    snprintf(path, sizeof path, "%s/gptoss.safetensors", dir);
-    write_tensors(path, gptoss, 2);
-    snprintf(args, sizeof args, "replay %s --layer model.layers.0.mlp.experts.63.down_proj --backend ref", path);
-    assert_int_equal(run_cli(args), 3);
-    snprintf(args, sizeof args, "replay %s --layer model.layers.0.mlp.experts.0.down_proj --backend ref", path);
-    assert_int_equal(run_cli(args), 0); /* the one expert the scales cover */
+    assert_int_equal(replay_exit(dir, "gptoss.safetensors", gptoss, 2, "model.layers.0.mlp.experts.63.down_proj"), 3);
+    /* the one expert the scales cover */
+    assert_int_equal(replay_exit(dir, "gptoss.safetensors", gptoss, 2, "model.layers.0.mlp.experts.0.down_proj"), 0);
     /* compressed-tensors codes typed F4: half the bytes of the U8 [64, 128] they stand for */
     const gen_tensor ct_f4[] = {
         {"model.layers.0.mlp.down_proj.weight_scale", FP4D_ST_F8_E4M3, 2, {64, 16}},
         {"model.layers.0.mlp.down_proj.weight_global_scale", FP4D_ST_F32, 0, {0}},
         {"model.layers.0.mlp.down_proj.weight_packed", FP4D_ST_F4, 2, {64, 128}},
     };
-    snprintf(path, sizeof path, "%s/ct_f4.safetensors", dir);
-    write_tensors(path, ct_f4, 3);
-    snprintf(args, sizeof args, "replay %s --layer model.layers.0.mlp.down_proj --backend ref", path);
-    assert_int_equal(run_cli(args), 3);
+    assert_int_equal(replay_exit(dir, "ct_f4.safetensors", ct_f4, 3, down), 3);
     /* ModelOpt: F32 block scales, and a per-tensor scale of four elements */
     const gen_tensor mo_f32[] = {
         {"model.layers.0.mlp.down_proj.weight", FP4D_ST_U8, 2, {64, 128}},
         {"model.layers.0.mlp.down_proj.weight_scale", FP4D_ST_F32, 2, {64, 16}},
         {"model.layers.0.mlp.down_proj.weight_scale_2", FP4D_ST_F32, 0, {0}},
     };
-    snprintf(path, sizeof path, "%s/mo_f32.safetensors", dir);
-    write_tensors(path, mo_f32, 3);
-    snprintf(args, sizeof args, "replay %s --layer model.layers.0.mlp.down_proj --backend ref", path);
-    assert_int_equal(run_cli(args), 3);
+    assert_int_equal(replay_exit(dir, "mo_f32.safetensors", mo_f32, 3, down), 3);
     const gen_tensor mo_s2[] = {
         {"model.layers.0.mlp.down_proj.weight", FP4D_ST_U8, 2, {64, 128}},
         {"model.layers.0.mlp.down_proj.weight_scale", FP4D_ST_F8_E4M3, 2, {64, 16}},
         {"model.layers.0.mlp.down_proj.weight_scale_2", FP4D_ST_F32, 1, {4}},
     };
-    snprintf(path, sizeof path, "%s/mo_s2.safetensors", dir);
-    write_tensors(path, mo_s2, 3);
-    snprintf(args, sizeof args, "replay %s --layer model.layers.0.mlp.down_proj --backend ref", path);
-    assert_int_equal(run_cli(args), 3);
+    assert_int_equal(replay_exit(dir, "mo_s2.safetensors", mo_s2, 3, down), 3);
     rm_tree(dir);
 }
 
