@@ -40,6 +40,10 @@ bool cli_use_color(FILE *f);
  * when there is no ':'). Returns false when the spec is empty. Caller frees *path. */
 bool cli_split_tensor_spec(const char *spec, char **path, char **name);
 
+/* a followed by b in a new string (malloc'd; NULL when out of memory). Tensor names have no
+ * length limit short of the header's, so names built from them are never cut to a buffer. */
+char *cli_joined(const char *a, const char *b);
+
 /* A whole decimal number for an option's value: digits only (no sign, space, empty string or
  * trailing characters) and within uint64_t. */
 bool cli_parse_u64(const char *s, uint64_t *out);

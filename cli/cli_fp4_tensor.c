@@ -4,6 +4,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "cli.h"
 #include "cli_fp4_tensor.h"
 
 fp4d_st_dtype cli_st_dtype_of(fp4d_dtype t)
@@ -21,18 +22,22 @@ bool cli_plain_dtype_of(fp4d_st_dtype t, fp4d_dtype *out)
     }
 }
 
+/* (Fixed buffers here cut names of 1016+ bytes, and a cut name found no companion: the
+ * per-tensor scale went unapplied, or the tensor was copied as if not quantized, exit 0.) */
 static const fp4d_st_tensor *find_suffixed(const fp4d_st_file *f, const char *name, const char *suffix)
 {
-    char buf[1024];
-    if ((size_t)snprintf(buf, sizeof buf, "%s%s", name, suffix) >= sizeof buf) return NULL;
-    return fp4d_st_find(f, buf);
+    char *full = cli_joined(name, suffix);
+    const fp4d_st_tensor *t = full ? fp4d_st_find(f, full) : NULL;
+    free(full);
+    return t;
 }
 
 static const char *meta_for(const fp4d_st_file *f, const char *prefix, const char *name)
 {
-    char buf[1100];
-    if ((size_t)snprintf(buf, sizeof buf, "%s%s", prefix, name) >= sizeof buf) return NULL;
-    return fp4d_st_metadata(f, buf);
+    char *key = cli_joined(prefix, name);
+    const char *v = key ? fp4d_st_metadata(f, key) : NULL;
+    free(key);
+    return v;
 }
 
 bool cli_is_quantized(const fp4d_st_file *f, const char *name)

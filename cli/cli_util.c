@@ -21,6 +21,17 @@ int cli_fail(int code, const char *cmd, const char *fmt, ...)
     return code;
 }
 
+char *cli_joined(const char *a, const char *b)
+{
+    const size_t na = strlen(a), nb = strlen(b);
+    char *s = malloc(na + nb + 1);
+    if (s) {
+        memcpy(s, a, na);
+        memcpy(s + na, b, nb + 1);
+    }
+    return s;
+}
+
 bool cli_parse_u64(const char *s, uint64_t *out)
 {
     if (!s || s[0] < '0' || s[0] > '9') return false; /* strtoull would take "", " 5", "-1" */

@@ -67,22 +67,12 @@ static int copy_metadata(const char *cmd, const fp4d_st_file *in, fp4d_st_writer
 
 static int set_meta_for(const char *cmd, fp4d_st_writer *w, const char *prefix, const char *name, const char *value)
 {
-    size_t n = strlen(prefix) + strlen(name) + 1;
-    char *key = malloc(n);
+    char *key = cli_joined(prefix, name);
     if (!key) return cli_fail(FP4D_EXIT_INTERNAL, cmd, "out of memory");
-    snprintf(key, n, "%s%s", prefix, name);
     fp4d_status s = fp4d_st_writer_set_metadata(w, key, value);
     free(key);
     if (s != FP4D_STATUS_OK) return cli_fail(FP4D_EXIT_INTERNAL, cmd, "%s", fp4d_last_error());
     return FP4D_EXIT_OK;
-}
-
-static char *suffixed(const char *name, const char *suffix)
-{
-    size_t n = strlen(name) + strlen(suffix) + 1;
-    char *s = malloc(n);
-    if (s) snprintf(s, n, "%s%s", name, suffix);
-    return s;
 }
 
 static int save_or_fail(const char *cmd, fp4d_st_writer *w, const char *path)
@@ -156,7 +146,7 @@ static int quantize_one(const char *cmd, const quant_opts *o, const fp4d_st_tens
         return cli_fail(FP4D_EXIT_INPUT, cmd, "cannot quantize '%s': %s", t->name, fp4d_last_error());
     *scale_2 = res.decode_scale;
 
-    char *scale_name = suffixed(t->name, "_scale"), *scale2_name = suffixed(t->name, "_scale_2");
+    char *scale_name = cli_joined(t->name, "_scale"), *scale2_name = cli_joined(t->name, "_scale_2");
     if (!scale_name || !scale2_name) {
         free(scale_name);
         free(scale2_name);
@@ -207,7 +197,7 @@ static int quantize_file(const char *cmd, const quant_opts *o, const fp4d_st_fil
         if (!selected[i]) continue;
         const char *suffixes[2] = {"_scale", "_scale_2"};
         for (int j = 0; j < 2 && !rc; j++) {
-            char *c = suffixed(fp4d_st_get(in, i)->name, suffixes[j]);
+            char *c = cli_joined(fp4d_st_get(in, i)->name, suffixes[j]);
             if (c && fp4d_st_find(in, c))
                 rc = cli_fail(FP4D_EXIT_INPUT, cmd, "cannot quantize '%s': the input already has a tensor '%s'",
                               fp4d_st_get(in, i)->name, c);
@@ -334,7 +324,7 @@ static int dequantize_file(const char *cmd, const char *in_path, const char *out
         quant[i] = true;
         const char *suffixes[2] = {"_scale", "_scale_2"};
         for (int j = 0; j < 2; j++) {
-            char *c = suffixed(name, suffixes[j]);
+            char *c = cli_joined(name, suffixes[j]);
             const fp4d_st_tensor *t = c ? fp4d_st_find(in, c) : NULL;
             if (t) consumed[tensor_index(in, t)] = true;
             free(c);

@@ -20,9 +20,10 @@
 /* ---- a configurable test backend ---------------------------------------------------------- */
 
 typedef struct toy_conf {
-    int  score;
-    bool wrong;      /* gemm writes garbage */
-    bool init_fails;
+    int         score;
+    bool        wrong;      /* gemm writes garbage */
+    bool        init_fails;
+    const char *fail_reason; /* init's reason when it fails; NULL: a plain one */
 } toy_conf;
 
 static fp4d_status toy_init(void *user_data, int device, void **ctx, fp4d_reason *why)
@@ -30,7 +31,7 @@ static fp4d_status toy_init(void *user_data, int device, void **ctx, fp4d_reason
     toy_conf *c = user_data;
     (void)device;
     if (c->init_fails) {
-        snprintf(why->text, sizeof why->text, "toy device is switched off");
+        snprintf(why->text, sizeof why->text, "%s", c->fail_reason ? c->fail_reason : "toy device is switched off");
         return FP4D_STATUS_DEVICE;
     }
     *ctx = c;
@@ -118,13 +119,29 @@ static void test_builtins_in_order(void **state)
     assert_string_equal(fp4d_backend_kind_name(FP4D_BACKEND_KIND_FAULTY), "faulty");
 }
 
+/* A backend's reason reaches terminals, JSON and JUnit XML: invalid UTF-8 (which made the
+ * doctor's child drop its event, so an UNSUPPORTED plugin showed as ERROR), terminal escapes
+ * and U+FFFE come out as '?', byte for byte. */
+static void test_reasons_are_cleaned(void **state)
+{
+    (void)state;
+    static toy_conf conf = {1, false, true, "needs \xff hw \x1b]0;x\x07 \xc2\x9b \xef\xbf\xbe caf\xc3\xa9 \xe6\x97"};
+    static fp4d_backend_iface f;
+    f = toy_iface("toy-hostile", &conf);
+    assert_int_equal(fp4d_registry_add(&f), FP4D_STATUS_OK);
+    fp4d_backend_t b = NULL;
+    fp4d_reason why;
+    assert_int_equal(fp4d_backend_open("toy-hostile", -1, &b, &why), FP4D_STATUS_DEVICE);
+    assert_string_equal(why.text, "needs ? hw ?]0;x? ?? ??? caf\xc3\xa9 ??");
+}
+
 static void test_add_rejects_bad_ifaces(void **state)
 {
     (void)state;
     /* plugins counted but no paths: an error, not a NULL dereference */
     const fp4d_registry_options no_paths = {false, NULL, 2};
     assert_int_equal(fp4d_registry_init(&no_paths), FP4D_STATUS_INVALID_ARG);
-    static toy_conf    conf = {5, false, false};
+    static toy_conf    conf = {5, false, false, NULL};
     size_t             n    = fp4d_registry_count();
     fp4d_backend_iface f;
 
@@ -168,7 +185,7 @@ static void test_add_rejects_bad_ifaces(void **state)
 static void test_open_close_supports(void **state)
 {
     (void)state;
-    static toy_conf    off = {5, false, true};
+    static toy_conf    off = {5, false, true, NULL};
     fp4d_backend_iface f   = toy_iface("toy-off", &off);
     assert_int_equal(fp4d_registry_add(&f), FP4D_STATUS_OK);
 
@@ -267,7 +284,7 @@ static void test_auto(void **state)
     assert_int_equal(fp4d_backend_choose_auto(&bad, &name, &why), FP4D_STATUS_INVALID_ARG);
 
     /* A liar with the highest score: validated against the reference and passed over. */
-    static toy_conf    liar = {1000, true, false};
+    static toy_conf    liar = {1000, true, false, NULL};
     fp4d_backend_iface f    = toy_iface("toy-liar", &liar);
     assert_int_equal(fp4d_registry_add(&f), FP4D_STATUS_OK);
     setenv("FP4DOCTOR_DEBUG", "1", 1);
@@ -287,7 +304,7 @@ static void test_auto(void **state)
     assert_string_equal(name, "cpu");
 
     /* A correct backend with a higher score than cpu, no cached verdict: validated, chosen. */
-    static toy_conf fast = {500, false, false};
+    static toy_conf fast = {500, false, false, NULL};
     f                    = toy_iface("toy-fast", &fast);
     assert_int_equal(fp4d_registry_add(&f), FP4D_STATUS_OK);
     assert_int_equal(fp4d_backend_choose_auto(&d, &name, &why), FP4D_STATUS_OK);
@@ -332,6 +349,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_builtins_in_order),
         cmocka_unit_test(test_add_rejects_bad_ifaces),
+        cmocka_unit_test(test_reasons_are_cleaned),
         cmocka_unit_test(test_open_close_supports),
         cmocka_unit_test(test_auto),
     };

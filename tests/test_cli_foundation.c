@@ -294,6 +294,34 @@ static void test_dequantize_round_trip(void **state)
     }
 }
 
+/* Tensor names past 1 KB: their companions (_scale, _scale_2) and metadata keys were looked
+ * up through fixed buffers that cut them, so dequantize left such a tensor as raw codes, or
+ * skipped its per-tensor scale (values 27x too large), and exited 0. */
+static void test_long_tensor_names(void **state)
+{
+    (void)state;
+    static char name[2101];
+    memset(name, 'c', sizeof name - 1);
+    name[0] = 'W';
+    float x[4 * 32];
+    for (int i = 0; i < 4 * 32; i++) x[i] = (float)((i * 37) % 200 - 100) * 0.5f;
+    fp4d_st_writer *w = fp4d_st_writer_new();
+    const int64_t shape[2] = {4, 32};
+    assert_int_equal(fp4d_st_writer_add(w, name, FP4D_ST_F32, 2, shape, x, sizeof x), FP4D_STATUS_OK);
+    assert_int_equal(fp4d_st_writer_save(w, path_of("long.safetensors")), FP4D_STATUS_OK);
+    fp4d_st_writer_free(w);
+    assert_int_equal(run_cli("quantize '%s' '%s'", path_of("long.safetensors"), path_of("long_q.safetensors")), 0);
+    assert_int_equal(run_cli("dequantize '%s' '%s'", path_of("long_q.safetensors"), path_of("long_dq.safetensors")), 0);
+    fp4d_st_file *f = fp4d_st_open(path_of("long_dq.safetensors"), NULL);
+    assert_non_null(f);
+    const fp4d_st_tensor *t = fp4d_st_find(f, name);
+    assert_non_null(t);
+    assert_int_equal(t->dtype, FP4D_ST_F32); /* dequantized, not copied as codes */
+    const float *got = (const float *)t->data;
+    for (int i = 0; i < 4 * 32; i++) assert_true(fabsf(got[i] - x[i]) <= 50.0f / 3.0f + 1e-6f);
+    fp4d_st_close(f);
+}
+
 /* gemm --backend ref equals fp4d_ref_gemm with alpha = RN(a_s2 * b_s2); verify agrees. */
 static void test_gemm_ref_and_verify(void **state)
 {
@@ -623,6 +651,7 @@ int main(void)
         cmocka_unit_test(test_quantize_nvfp4_default),
         cmocka_unit_test(test_quantize_options),
         cmocka_unit_test(test_dequantize_round_trip),
+        cmocka_unit_test(test_long_tensor_names),
         cmocka_unit_test(test_gemm_ref_and_verify),
         cmocka_unit_test(test_bad_input_exit_codes),
         cmocka_unit_test(test_bench_host_backends),

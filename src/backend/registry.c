@@ -225,7 +225,10 @@ static int host_register_backend(const fp4d_plugin_host *host, const fp4d_backen
 static void host_log(const fp4d_plugin_host *host, const char *message)
 {
     plugin_load *pl = host->host_data;
-    fprintf(stderr, "fp4doctor: plugin %s: %s\n", base_name(pl->path), message ? message : "(null)");
+    char line[1024];
+    snprintf(line, sizeof line, "%s", message ? message : "(null)");
+    fp4d_text_clean(line);
+    fprintf(stderr, "fp4doctor: plugin %s: %s\n", base_name(pl->path), line);
 }
 
 typedef struct loaded_plugin {
@@ -447,6 +450,7 @@ fp4d_status fp4d_backend_open(const char *name, int device, fp4d_backend_t *out,
     void       *ctx = NULL;
     fp4d_status st  = iface->init(iface->user_data, device, &ctx, &local);
     local.text[FP4D_REASON_MAX - 1] = '\0';
+    fp4d_text_clean(local.text); /* a plugin's words go to terminals, JSON and XML */
     if (st != FP4D_STATUS_OK) {
         if (!local.text[0]) snprintf(local.text, sizeof local.text, "init failed: %s", fp4d_status_str(st));
         if (why) *why = local;
@@ -488,6 +492,7 @@ bool fp4d_backend_supports(fp4d_backend_t b, const fp4d_gemm_desc *desc, fp4d_re
     local.text[0] = '\0';
     bool ok = b->iface->supports(b->ctx, desc, &local);
     local.text[FP4D_REASON_MAX - 1] = '\0';
+    fp4d_text_clean(local.text);
     if (!ok && !local.text[0]) snprintf(local.text, sizeof local.text, "%s does not support this problem", b->iface->name);
     if (why) *why = local;
     return ok;

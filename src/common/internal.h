@@ -28,4 +28,10 @@ void        fp4d_clear_error(void);
 
 #define FP4D_ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
 
+/* Makes untrusted text (a plugin's reason, a checkpoint's tensor name inside a message) safe
+ * to print on a terminal and to embed in JSON or XML, in place, keeping its length: every byte
+ * of an invalid UTF-8 sequence, C0 and C1 control characters (terminal escape sequences), DEL
+ * and U+FFFE/U+FFFF become '?'. Tabs and newlines too: such text is one line. */
+void fp4d_text_clean(char *s);
+
 #endif

@@ -764,6 +764,7 @@ fp4d_status fp4d_doctor_run(const fp4d_doctor_options *opt, fp4d_report *rep)
             job *j = &jobs[rep->num_backends];
             snprintf(br->name, sizeof br->name, "%s", ifaces[i]->name);
             snprintf(br->description, sizeof br->description, "%s", ifaces[i]->description ? ifaces[i]->description : "");
+            fp4d_text_clean(br->description);
             br->kind = ifaces[i]->kind;
             br->device = devs[d];
             br->results = calloc(rep->num_cases ? rep->num_cases : 1, sizeof *br->results);

@@ -235,6 +235,9 @@ static fp4d_status add_finding(scan_ctx *c, fp4d_finding_code code, fp4d_scan_se
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
+    /* names from the checkpoint inside: no terminal escapes, and whole UTF-8 (a cut sequence
+     * at the end made the JSON writer drop the message) */
+    fp4d_text_clean(msg);
     f->tensor  = scan_strdup(tensor);
     f->file    = scan_strdup(file);
     f->message = strdup(msg);
@@ -2299,9 +2302,13 @@ void fp4d_scan_report_print(const fp4d_scan_report *r, FILE *out, bool color)
     for (size_t i = 0; i < r->num_findings; i++) {
         const fp4d_scan_finding *f = &r->findings[i].pub;
         const char *c = f->severity == FP4D_SCAN_ERROR ? red : f->severity == FP4D_SCAN_WARNING ? yellow : dim;
+        /* the checkpoint's own name for it, shown without its control characters (the JSON
+         * report keeps it exact) */
+        char *shown = strdup(f->tensor ? f->tensor : (f->file ? f->file : "-"));
+        fp4d_text_clean(shown);
         fprintf(out, "%s%-7s%s %-24s %s  count=%llu\n", c, fp4d_scan_severity_name(f->severity), reset,
-                fp4d_finding_code_name(f->code), f->tensor ? f->tensor : (f->file ? f->file : "-"),
-                (unsigned long long)f->count);
+                fp4d_finding_code_name(f->code), shown ? shown : "-", (unsigned long long)f->count);
+        free(shown);
         fprintf(out, "        %s%s%s\n", dim, f->message, reset);
         if (f->num_experts) {
             fprintf(out, "        %sper expert:", dim);

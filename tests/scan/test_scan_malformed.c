@@ -4,6 +4,7 @@
  * also shows no read out of bounds.
  */
 #include <ftw.h>
+#include <stdbool.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -179,6 +180,42 @@ static void test_codes_typed_f4(void **s)
     fp4d_scan_report_free(r);
 }
 
+/* True when s is well-formed UTF-8 with no C0/C1 control characters or DEL. */
+static bool printable_utf8(const char *s)
+{
+    const unsigned char *u = (const unsigned char *)s;
+    for (size_t i = 0; u[i];) {
+        size_t k = u[i] < 0x80 ? 1 : (u[i] & 0xE0) == 0xC0 ? 2 : (u[i] & 0xF0) == 0xE0 ? 3 : (u[i] & 0xF8) == 0xF0 ? 4 : 0;
+        if (!k || u[i] < 0x20 || u[i] == 0x7F || (u[i] == 0xC2 && u[i + 1] <= 0x9F)) return false;
+        for (size_t j = 1; j < k; j++)
+            if ((u[i + j] & 0xC0) != 0x80) return false;
+        i += k;
+    }
+    return true;
+}
+
+/* Finding messages quote the checkpoint's names: a name carrying a terminal escape sequence
+ * must not reach the terminal as one, and a message cut at its 1 KB limit must not end inside
+ * a UTF-8 character (the JSON writer then dropped the whole message). */
+static void test_hostile_names_in_messages(void **s)
+{
+    (void)s;
+    char header[8192];
+    char longname[1400] = "";
+    for (int i = 0; i < 600; i++) strcat(longname, "\xc3\xa9"); /* é x 600: 1200 bytes */
+    snprintf(header, sizeof header,
+             "{\"x\\u001b]0;pwned\\u0007\\u001b[2J.weight_scale_2\":{\"dtype\":\"F32\",\"shape\":[],\"data_offsets\":[0,4]},"
+             "\"%s.weight_scale_2\":{\"dtype\":\"F32\",\"shape\":[],\"data_offsets\":[4,8]}}",
+             longname);
+    fp4d_scan_report *r = scan_one(write_st("hostile.safetensors", header, ~0ull, 8, ~0ull));
+    assert_true(fp4d_scan_report_count(r) >= 2);
+    for (size_t i = 0; i < fp4d_scan_report_count(r); i++) {
+        const fp4d_scan_finding *f = fp4d_scan_report_get(r, i);
+        if (!printable_utf8(f->message)) fail_msg("finding %zu message not printable UTF-8: %s", i, f->message);
+    }
+    fp4d_scan_report_free(r);
+}
+
 static void test_folders(void **s)
 {
     (void)s;
@@ -234,6 +271,7 @@ int main(void)
         cmocka_unit_test(test_header_rules),
         cmocka_unit_test(test_folders),
         cmocka_unit_test(test_codes_typed_f4),
+        cmocka_unit_test(test_hostile_names_in_messages),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
