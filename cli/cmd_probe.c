@@ -61,6 +61,7 @@ int cmd_probe(int argc, char **argv)
 #else
 
 #include "fp4doctor/probe.h"
+#include "internal.h"
 
 static volatile sig_atomic_t probe_interrupted;
 
@@ -107,23 +108,31 @@ static void on_response(void *user, const fp4d_probe_record *rec, unsigned done,
     p->last_phase = rec->phase;
 }
 
-/* Prints s with control characters shown as '?', each line prefixed. */
+/* The server's words as shown on one line: no control characters (C0, C1, DEL: terminal
+ * escape sequences), whole UTF-8. buf holds size bytes. */
+static const char *shown(const char *s, char *buf, size_t size)
+{
+    snprintf(buf, size, "%s", s);
+    fp4d_text_clean(buf);
+    return buf;
+}
+
+/* Prints s line by line, each line prefixed and shown() - so control characters, C1 ones and
+ * invalid UTF-8 (a raw 0x9B is a CSI to some terminals) appear as '?'. */
 static void print_quoted(FILE *f, const char *s, const char *prefix)
 {
-    fputs(prefix, f);
-    for (const unsigned char *c = (const unsigned char *)s; *c; c++) {
-        if (*c == '\n') {
-            if (c[1]) {
-                fputc('\n', f);
-                fputs(prefix, f);
-            }
-        } else if (*c == '\r') {
-            continue;
-        } else {
-            fputc((*c < 0x20 && *c != '\t') || *c == 0x7F ? '?' : *c, f);
-        }
+    char line[FP4D_PROBE_QUOTE_MAX + 1];
+    while (*s) {
+        size_t n = strcspn(s, "\n");
+        if (n > FP4D_PROBE_QUOTE_MAX) n = FP4D_PROBE_QUOTE_MAX;
+        memcpy(line, s, n);
+        line[n] = '\0';
+        if (n && line[n - 1] == '\r') line[n - 1] = '\0';
+        fp4d_text_clean(line);
+        fprintf(f, "%s%s\n", prefix, line);
+        s += n;
+        if (*s == '\n') s++;
     }
-    fputc('\n', f);
 }
 
 static void print_phase(FILE *f, const fp4d_probe_phase *ph, unsigned number, bool color)
@@ -154,9 +163,10 @@ static void print_quote(FILE *f, const fp4d_probe_quote *q, unsigned number)
     fprintf(f, "\nfirst offending response, phase %u (request %u, prompt \"%s\", expected \"%s\"):\n", number,
             q->request_index + 1, p ? p->id : "?", p ? p->answers[0] : "?");
     fprintf(f, "  %s  HTTP %d  %.0f ms", fp4d_probe_class_name(q->cls), q->http_status, q->latency_ms);
-    if (q->finish_reason[0]) fprintf(f, "  finish_reason \"%s\"", q->finish_reason);
-    if (q->matched_stop[0]) fprintf(f, "  matched_stop \"%s\"", q->matched_stop);
-    fprintf(f, "\n  %s\n", q->detail);
+    char buf[256];
+    if (q->finish_reason[0]) fprintf(f, "  finish_reason \"%s\"", shown(q->finish_reason, buf, sizeof buf));
+    if (q->matched_stop[0]) fprintf(f, "  matched_stop \"%s\"", shown(q->matched_stop, buf, sizeof buf));
+    fprintf(f, "\n  %s\n", shown(q->detail, buf, sizeof buf));
     if (q->body[0]) {
         fprintf(f, "  body%s:\n", q->body_truncated ? " (first 2048 bytes)" : "");
         print_quoted(f, q->body, "  | ");
@@ -165,9 +175,10 @@ static void print_quote(FILE *f, const fp4d_probe_quote *q, unsigned number)
 
 static void print_report(FILE *f, const fp4d_probe_report *r, bool color)
 {
+    char buf[600];
     fprintf(f, "fp4doctor probe %s\n", r->url);
     if (r->model[0])
-        fprintf(f, "  model     %s (%s)\n", r->model,
+        fprintf(f, "  model     %s (%s)\n", shown(r->model, buf, sizeof buf),
                 !strcmp(r->model_source, "option") ? "--model" : !strcmp(r->model_source, "/v1/models")
                                                                      ? "from GET /v1/models"
                                                                      : "fallback");
@@ -177,7 +188,7 @@ static void print_report(FILE *f, const fp4d_probe_report *r, bool color)
             r->api == FP4D_PROBE_API_CHAT ? "/v1/chat/completions" : "/v1/completions",
             r->stream ? "streamed (SSE)" : "not streamed", r->max_tokens, r->timeout_s,
             r->answer_check ? "" : ", answers not checked");
-    if (r->note[0]) fprintf(f, "  note      %s\n", r->note);
+    if (r->note[0]) fprintf(f, "  note      %s\n", shown(r->note, buf, sizeof buf));
     fputc('\n', f);
     for (unsigned i = 0; i < 2; i++) print_phase(f, &r->phases[i], i + 1, color);
     for (unsigned i = 0; i < 2; i++) print_quote(f, &r->phases[i].first_offending, i + 1);
@@ -244,6 +255,10 @@ int cmd_probe(int argc, char **argv)
 
         if (!strcmp(name, "--model")) {
             if (!val[0]) return cli_fail(FP4D_EXIT_USAGE, cmd, "--model needs a non-empty name");
+            /* the report holds the name it sends; a longer one would be sent cut */
+            if (strlen(val) >= sizeof(((fp4d_probe_report *)0)->model))
+                return cli_fail(FP4D_EXIT_USAGE, cmd, "--model takes a name of at most %zu bytes",
+                                sizeof(((fp4d_probe_report *)0)->model) - 1);
             o.model = val;
         } else if (!strcmp(name, "--concurrency")) {
             if (!parse_uint(val, 1, 4096, &o.concurrency))

@@ -356,12 +356,14 @@ static void discover(probe_ctx *c)
     }
     const char *id = NULL;
     json_t *root = NULL;
+    size_t too_long = 0; /* an id the report cannot hold whole: sent cut, it names another model */
     if (g.rc == CURLE_OK && g.status == 200 && g.body.p) {
         root = json_loadb(g.body.p, g.body.len, 0, NULL);
         json_t *data = json_object_get(root, "data");
         json_t *first = json_is_array(data) ? json_array_get(data, 0) : NULL;
         json_t *jid = json_object_get(first, "id");
-        if (json_is_string(jid) && json_string_length(jid) > 0) id = json_string_value(jid);
+        if (json_is_string(jid) && json_string_length(jid) >= sizeof r->model) too_long = json_string_length(jid);
+        else if (json_is_string(jid) && json_string_length(jid) > 0) id = json_string_value(jid);
     }
     if (id) {
         fp4d_probe_copy(r->model, sizeof r->model, id);
@@ -371,7 +373,11 @@ static void discover(probe_ctx *c)
          * the generation requests fail with HTTP errors that the report shows. */
         fp4d_probe_copy(r->model, sizeof r->model, "default");
         r->model_source = "fallback";
-        if (g.rc != CURLE_OK)
+        if (too_long)
+            snprintf(r->note, sizeof r->note,
+                     "GET /v1/models named a model of %zu bytes, more than %zu; sent model \"default\" (use --model "
+                     "with a shorter name the server accepts)", too_long, sizeof r->model - 1);
+        else if (g.rc != CURLE_OK)
             snprintf(r->note, sizeof r->note, "GET /v1/models failed (%s); sent model \"default\" (use --model)", g.err);
         else
             snprintf(r->note, sizeof r->note,
@@ -447,6 +453,8 @@ static void quote(fp4d_probe_quote *q, const xfer *x, const fp4d_probe_outcome *
     q->reasoning_only = has_reasoning && !has_content;
     size_t n = x->body.len < FP4D_PROBE_QUOTE_MAX ? x->body.len : FP4D_PROBE_QUOTE_MAX;
     if (n) memcpy(q->body, x->body.p, n);
+    for (size_t i = 0; i < n; i++)
+        if (!q->body[i]) q->body[i] = ' '; /* a NUL byte would end the quote there, unmarked */
     q->body[n] = '\0';
     q->body_truncated = x->body.len > FP4D_PROBE_QUOTE_MAX;
 }

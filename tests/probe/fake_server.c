@@ -248,6 +248,15 @@ static enum MHD_Result answer_completion(fake_server *s, struct MHD_Connection *
         return send_json(c, 500, json_pack("{s:{s:s, s:s, s:i}}", "error", "message",
                                            "CUDA error: an illegal memory access was encountered", "type",
                                            "InternalServerError", "code", 500));
+    case FAKE_HOSTILE_TEXT:
+        rp = (reply){"x\x1b]0;pwned\x07\xc2\x9b" "2J", NULL, "stop\x1b[2J", "NaN happened\x1b[31m"};
+        break;
+    case FAKE_HOSTILE_RAW: {
+        static const char body[] = "raw \x1b[2J \x9b \xff then a NUL:\0:after the NUL";
+        leave_flight(s, rc);
+        json_decref(req);
+        return send_text(c, 200, "application/json", body, sizeof body - 1);
+    }
     case FAKE_MALFORMED_JSON: {
         static const char cut[] = "{\"id\":\"cmpl-fake\",\"choices\":[{\"index\":0,\"message\":{\"role\":"
                                   "\"assistant\",\"content\":\"The answ";
@@ -358,7 +367,7 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
         if (!strcmp(url, "/health") && !s->cfg.no_health) return send_text(c, 200, "text/plain", "", 0);
         if (!strcmp(url, "/v1/models") && !s->cfg.no_models)
             return send_json(c, 200, json_pack("{s:s, s:[{s:s, s:s}]}", "object", "list", "data", "id",
-                                               "fake-model", "object", "model"));
+                                               s->cfg.model_id ? s->cfg.model_id : "fake-model", "object", "model"));
         return send_json(c, 404, json_pack("{s:s}", "detail", "Not Found"));
     }
     if (rc->is_post && !strcmp(url, "/v1/chat/completions")) return answer_completion(s, c, rc, true);

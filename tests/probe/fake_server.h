@@ -23,7 +23,11 @@ typedef enum fake_behavior {
     FAKE_SSE_BAD_EVENT,         /* stream: one good event, then "data: {not json" */
     FAKE_SSE_DROP,              /* stream: one good event, then the connection is dropped */
     FAKE_HANG,                  /* /health and /v1/models answer; completions never do */
-    FAKE_HANG_ALL               /* nothing ever answers */
+    FAKE_HANG_ALL,              /* nothing ever answers */
+    FAKE_HOSTILE_TEXT,          /* a NaN stop whose content, finish_reason and matched_stop
+                                   carry terminal escapes (ESC, C1 CSI) */
+    FAKE_HOSTILE_RAW            /* a body (not JSON) of raw ESC, 0x9B, 0xFF and a NUL byte with
+                                   text after it */
 } fake_behavior;
 
 typedef struct fake_config {
@@ -32,6 +36,7 @@ typedef struct fake_config {
     bool          no_health;     /* GET /health -> 404 */
     bool          no_models;     /* GET /v1/models -> 404 */
     const char   *required_key;  /* when set, completions need "Authorization: Bearer KEY" */
+    const char   *model_id;      /* the id GET /v1/models names; NULL: "fake-model" */
     const char   *tls_cert_pem;  /* when both are set, HTTPS (url starts with https://) */
     const char   *tls_key_pem;
 } fake_config;

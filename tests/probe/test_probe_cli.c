@@ -9,6 +9,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -196,6 +197,54 @@ static void test_nan_json_stdout(void **state)
     cli_free(&r);
 }
 
+/* True when the text holds no ESC, no C1 CSI (raw 0x9B, or U+009B) and no invalid byte 0xFF. */
+static bool terminal_safe(const char *t)
+{
+    return !strchr(t, '\x1b') && !strchr(t, '\x9b') && !strchr(t, '\xff') && !strstr(t, "\xc2\x9b");
+}
+
+/* A server's words reach the terminal without its escape sequences; the JSON keeps the body
+ * whole past a NUL byte; a model id longer than the report holds is not sent cut. */
+static void test_hostile_server_text(void **state)
+{
+    (void)state;
+    fake_config cfg = {.behavior = FAKE_HOSTILE_TEXT};
+    fake_server *s = fake_server_start(&cfg);
+    cli_result r = run_probe(0, fake_server_url(s), "--concurrency", "1", "--rounds", "1", "--json", "-", NULL);
+    fake_server_stop(s);
+    expect_code(r, 1);
+    assert_non_null(strstr(r.err, "NAN_STOP"));
+    if (!terminal_safe(r.err)) fail_msg("escape sequences reached the text report:\n%s", r.err);
+    cli_free(&r);
+
+    cfg = (fake_config){.behavior = FAKE_HOSTILE_RAW};
+    s = fake_server_start(&cfg);
+    r = run_probe(0, fake_server_url(s), "--concurrency", "1", "--rounds", "1", "--json", "-", NULL);
+    fake_server_stop(s);
+    expect_code(r, 1);
+    if (!terminal_safe(r.err)) fail_msg("raw bytes reached the text report:\n%s", r.err);
+    json_t *doc = json_loads(r.out, 0, NULL);
+    assert_non_null(doc);
+    json_t *q = json_object_get(json_array_get(json_object_get(doc, "phases"), 0), "first_offending");
+    assert_non_null(strstr(json_string_value(json_object_get(q, "body")), "after the NUL"));
+    json_decref(doc);
+    cli_free(&r);
+
+    static char long_id[301];
+    memset(long_id, 'm', 300);
+    cfg = (fake_config){.behavior = FAKE_HEALTHY, .model_id = long_id};
+    s = fake_server_start(&cfg);
+    r = run_probe(0, fake_server_url(s), "--concurrency", "1", "--rounds", "1", NULL);
+    fake_stats st = fake_server_stats(s);
+    fake_server_stop(s);
+    assert_string_equal(st.last_model, "default");
+    assert_non_null(strstr(r.out, "300 bytes"));
+    cli_free(&r);
+    r = run_probe(0, "http://127.0.0.1:1", "--model", long_id, NULL);
+    expect_code(r, 2);
+    cli_free(&r);
+}
+
 static void test_api_key_never_shown(void **state)
 {
     (void)state;
@@ -263,6 +312,7 @@ int main(void)
         cmocka_unit_test(test_healthy_json_file),
         cmocka_unit_test(test_nan_json_stdout),
         cmocka_unit_test(test_api_key_never_shown),
+        cmocka_unit_test(test_hostile_server_text),
         cmocka_unit_test(test_hung_server_timeout),
         cmocka_unit_test(test_ctrl_c_partial_report),
     };
