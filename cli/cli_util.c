@@ -8,16 +8,20 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "internal.h"
 #include "replace_file.h"
 
 int cli_fail(int code, const char *cmd, const char *fmt, ...)
 {
+    /* messages quote tensor names, metadata and server text: shown without control characters
+     * (a hostile file's name must not drive the terminal); long ones are cut at 4 KB */
+    char msg[4096];
     va_list ap;
-    fprintf(stderr, "fp4doctor %s: ", cmd);
     va_start(ap, fmt);
-    vfprintf(stderr, fmt, ap);
+    vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    fputc('\n', stderr);
+    fp4d_text_clean(msg);
+    fprintf(stderr, "fp4doctor %s: %s\n", cmd, msg);
     return code;
 }
 
