@@ -455,6 +455,14 @@ static void test_cli_usage_errors(void **state)
     rc = tu_run_capture(cmd, &ignored);
     free(ignored);
     assert_int_equal(rc, 3);
+    /* error messages quote what they were given without its control characters */
+    snprintf(cmd, sizeof cmd, "'%s' gemm --out-dtype \"$(printf 'x\\033[2Jy')\" a.safetensors:a b.safetensors:b o 2>&1",
+             bin());
+    char *esc = NULL;
+    assert_int_equal(tu_run_capture(cmd, &esc), 2);
+    assert_non_null(esc);
+    if (strchr(esc, '\x1b') || !strstr(esc, "x?[2Jy")) fail_msg("escape not cleaned: %s", esc);
+    free(esc);
     /* --list-cases lists what --case selects */
     snprintf(cmd, sizeof cmd, "'%s' check --suite quick --list-cases --case .m1. --case k4096 2>&1", bin());
     char *listed = NULL;
