@@ -173,13 +173,21 @@ static void test_healthy_json_file(void **state)
     cli_free(&r);
 }
 
+/* `probe URL --concurrency C --rounds R --json -` against a fake server of behaviour b. */
+static cli_result probe_json_against(fake_behavior b, const char *concurrency, const char *rounds)
+{
+    fake_config cfg = {.behavior = b};
+    fake_server *s = fake_server_start(&cfg);
+    assert_non_null(s);
+    cli_result r = run_probe(0, fake_server_url(s), "--concurrency", concurrency, "--rounds", rounds, "--json", "-", NULL);
+    fake_server_stop(s);
+    return r;
+}
+
 static void test_nan_json_stdout(void **state)
 {
     (void)state;
-    fake_config cfg = {.behavior = FAKE_NAN_STOP};
-    fake_server *s = fake_server_start(&cfg);
-    cli_result r = run_probe(0, fake_server_url(s), "--concurrency", "2", "--rounds", "2", "--json", "-", NULL);
-    fake_server_stop(s);
+    cli_result r = probe_json_against(FAKE_NAN_STOP, "2", "2");
     expect_code(r, 1);
     /* JSON alone on stdout; the text report went to stderr. */
     json_error_t e;
@@ -208,19 +216,13 @@ static bool terminal_safe(const char *t)
 static void test_hostile_server_text(void **state)
 {
     (void)state;
-    fake_config cfg = {.behavior = FAKE_HOSTILE_TEXT};
-    fake_server *s = fake_server_start(&cfg);
-    cli_result r = run_probe(0, fake_server_url(s), "--concurrency", "1", "--rounds", "1", "--json", "-", NULL);
-    fake_server_stop(s);
+    cli_result r = probe_json_against(FAKE_HOSTILE_TEXT, "1", "1");
     expect_code(r, 1);
     assert_non_null(strstr(r.err, "NAN_STOP"));
     if (!terminal_safe(r.err)) fail_msg("escape sequences reached the text report:\n%s", r.err);
     cli_free(&r);
 
-    cfg = (fake_config){.behavior = FAKE_HOSTILE_RAW};
-    s = fake_server_start(&cfg);
-    r = run_probe(0, fake_server_url(s), "--concurrency", "1", "--rounds", "1", "--json", "-", NULL);
-    fake_server_stop(s);
+    r = probe_json_against(FAKE_HOSTILE_RAW, "1", "1");
     expect_code(r, 1);
     if (!terminal_safe(r.err)) fail_msg("raw bytes reached the text report:\n%s", r.err);
     json_t *doc = json_loads(r.out, 0, NULL);
@@ -232,8 +234,8 @@ static void test_hostile_server_text(void **state)
 
     static char long_id[301];
     memset(long_id, 'm', 300);
-    cfg = (fake_config){.behavior = FAKE_HEALTHY, .model_id = long_id};
-    s = fake_server_start(&cfg);
+    fake_config cfg = {.behavior = FAKE_HEALTHY, .model_id = long_id};
+    fake_server *s = fake_server_start(&cfg);
     r = run_probe(0, fake_server_url(s), "--concurrency", "1", "--rounds", "1", NULL);
     fake_stats st = fake_server_stats(s);
     fake_server_stop(s);
