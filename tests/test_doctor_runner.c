@@ -3,7 +3,10 @@
  * quick suite against every faulty backend (the grader's check), reports, the cache.
  * Needs the fp4doctor executable (FP4DOCTOR_BIN, set by ctest).
  */
+#include <dirent.h>
+#include <fcntl.h>
 #include <jansson.h>
+#include <signal.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -298,9 +301,12 @@ static void use_scratch_cache(char *dir)
     fp4d_verdict_cache_disable(false);
 }
 
-/* Removes the cache file and the folders use_scratch_cache made. */
+/* Removes the cache file, its lock and the folders use_scratch_cache made. */
 static void drop_scratch_cache(const char *dir)
 {
+    char lock[4200];
+    snprintf(lock, sizeof lock, "%s.lock", fp4d_verdict_cache_path());
+    remove(lock);
     remove(fp4d_verdict_cache_path());
     char sub[256];
     snprintf(sub, sizeof sub, "%s/fp4doctor", dir);
@@ -426,6 +432,88 @@ static void test_report_into_a_closed_pipe_exits_3(void **state)
     }
 }
 
+/* Check runs of different backends at once, sharing one cache: every run's entry is kept
+ * (each read the file, added its entry and renamed its copy over it: entries were lost). */
+static void test_concurrent_checks_keep_every_entry(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/fp4d_conccacheXXXXXX";
+    use_scratch_cache(dir);
+    static const char *const backends[] = {"ref", "cpu", "faulty-zeros", "faulty-nibble-swap", "faulty-ue8m0",
+                                           "faulty-racy"};
+    const size_t n = sizeof backends / sizeof backends[0];
+    /* the race is narrow: this guards the lock, it does not reliably show the race without it */
+    for (int round = 0; round < 3; round++) {
+        remove(fp4d_verdict_cache_path());
+        pid_t pids[8];
+        for (size_t i = 0; i < n; i++) {
+            pids[i] = fork();
+            assert_true(pids[i] >= 0);
+            if (pids[i] == 0) {
+                const int devnull = open("/dev/null", O_WRONLY);
+                if (devnull >= 0) dup2(devnull, STDOUT_FILENO), dup2(devnull, STDERR_FILENO);
+                execl(bin(), bin(), "check", "--include-faulty", "--backend", backends[i], "--suite", "quick", "--case",
+                      "m1.", (char *)NULL);
+                _exit(127);
+            }
+        }
+        for (size_t i = 0; i < n; i++) assert_int_equal(waitpid(pids[i], NULL, 0), pids[i]);
+        fp4d_cached_verdict got;
+        for (size_t i = 0; i < n; i++)
+            if (!strncmp(backends[i], "faulty-", 7) && !fp4d_verdict_cache_get(backends[i], -1, &got))
+                fail_msg("round %d: %s's verdict was lost", round, backends[i]);
+    }
+    drop_scratch_cache(dir);
+}
+
+/* Processes whose environment holds marker (this test's children and grandchildren). */
+static int processes_with(const char *marker)
+{
+    int n = 0;
+    DIR *d = opendir("/proc");
+    if (!d) return -1;
+    for (struct dirent *e; (e = readdir(d));) {
+        if (e->d_name[0] < '1' || e->d_name[0] > '9') continue;
+        char path[300];
+        snprintf(path, sizeof path, "/proc/%s/environ", e->d_name);
+        size_t len = 0;
+        char *env = tu_slurp(path, &len);
+        if (env && memmem(env, len, marker, strlen(marker))) n++;
+        free(env);
+    }
+    closedir(d);
+    return n;
+}
+
+/* `check` killed by SIGTERM alone (not its process group): its children die with it. Before,
+ * they were re-parented and ran on - a hung one for ever, as only the parent's time limit
+ * stops it. */
+static void test_killed_check_leaves_no_children(void **state)
+{
+    (void)state;
+    char marker[64];
+    snprintf(marker, sizeof marker, "FP4D_TEST_ORPHAN_MARKER=%d", (int)getpid());
+    const pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        putenv(marker);
+        const int devnull = open("/dev/null", O_WRONLY);
+        if (devnull >= 0) dup2(devnull, STDOUT_FILENO), dup2(devnull, STDERR_FILENO);
+        execl(bin(), bin(), "check", "--include-faulty", "--backend", "faulty-hang", "--suite", "quick", "--no-cache",
+              (char *)NULL);
+        _exit(127);
+    }
+    /* wait until the child backend process runs (the doctor itself and one __child) */
+    for (int i = 0; i < 200 && processes_with(marker) < 2; i++) usleep(20000);
+    assert_true(processes_with(marker) >= 2);
+    kill(pid, SIGTERM);
+    int st;
+    assert_int_equal(waitpid(pid, &st, 0), pid);
+    int left = 0;
+    for (int i = 0; i < 100 && (left = processes_with(marker)) > 0; i++) usleep(20000);
+    if (left > 0) fail_msg("%d process(es) of the killed check still run", left);
+}
+
 static void test_cli_usage_errors(void **state)
 {
     char cmd[1024];
@@ -496,6 +584,8 @@ int main(void)
         cmocka_unit_test(test_cli_usage_errors),
         cmocka_unit_test(test_case_filtered_run_caches_failures_only),
         cmocka_unit_test(test_report_into_a_closed_pipe_exits_3),
+        cmocka_unit_test(test_killed_check_leaves_no_children),
+        cmocka_unit_test(test_concurrent_checks_keep_every_entry),
         cmocka_unit_test(test_crash_and_hang_restart_and_reports),
         cmocka_unit_test(test_quick_suite_classifies_every_faulty_backend),
     };

@@ -25,6 +25,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -178,6 +179,8 @@ static fp4d_status ensure_dir(const char *dir)
     return FP4D_STATUS_OK;
 }
 
+static fp4d_status cache_put_locked(const char *path, const char *backend, int device, const fp4d_cached_verdict *v);
+
 fp4d_status fp4d_verdict_cache_put(const char *backend, int device, const fp4d_cached_verdict *v)
 {
     FP4D_RETURN_ERROR_IF(!backend || !v, INVALID_ARG, "verdict cache: NULL argument");
@@ -187,7 +190,22 @@ fp4d_status fp4d_verdict_cache_put(const char *backend, int device, const fp4d_c
                          "verdict cache: neither XDG_CACHE_HOME nor HOME is set");
     FP4D_FORWARD_IF_ERROR(ensure_dir(dir));
     const char *path = fp4d_verdict_cache_path();
+    /* Read, merge, replace under an exclusive lock on PATH.lock: `check` runs of different
+     * backends at once each read the file, added their entry and renamed their copy over it,
+     * so all but the last one's entries were lost. Without a lock (none can be made) the
+     * write is still atomic, only not merged. */
+    char lock_path[4200];
+    snprintf(lock_path, sizeof lock_path, "%s.lock", path);
+    const int lock = open(lock_path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (lock >= 0)
+        while (flock(lock, LOCK_EX) != 0 && errno == EINTR) {}
+    fp4d_status st = cache_put_locked(path, backend, device, v);
+    if (lock >= 0) close(lock); /* releases the lock */
+    return st;
+}
 
+static fp4d_status cache_put_locked(const char *path, const char *backend, int device, const fp4d_cached_verdict *v)
+{
     json_t *root = cache_load(path);
     if (!root) {
         root = json_pack("{s:i, s:s, s:{}}", "schema_version", FP4D_CACHE_SCHEMA_VERSION,

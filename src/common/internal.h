@@ -2,6 +2,9 @@
 #ifndef FP4D_INTERNAL_H
 #define FP4D_INTERNAL_H
 
+#include <stdbool.h>
+#include <sys/types.h>
+
 #include "fp4doctor/fp4doctor.h"
 
 #if defined(__GNUC__)
@@ -33,5 +36,11 @@ void        fp4d_clear_error(void);
  * of an invalid UTF-8 sequence, C0 and C1 control characters (terminal escape sequences), DEL
  * and U+FFFE/U+FFFF become '?'. Tabs and newlines too: such text is one line. */
 void fp4d_text_clean(char *s);
+
+/* In a child just forked from parent: has it killed (SIGKILL) when the parent exits, so that
+ * a `check` or `replay` killed by a signal leaves no child running on - a hung one would
+ * otherwise never end, as only the parent's time limit stops it. False when that cannot be
+ * set up or the parent is already gone: the child should _exit then. Async-signal-safe. */
+bool fp4d_child_dies_with_parent(pid_t parent);
 
 #endif

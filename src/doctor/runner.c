@@ -115,6 +115,7 @@ static fp4d_status spawn(job *j)
     }
     fflush(stdout);
     fflush(stderr);
+    const pid_t parent = getpid();
     pid_t pid = fork();
     if (pid < 0) {
         free(list);
@@ -124,6 +125,7 @@ static fp4d_status spawn(job *j)
     if (pid == 0) {
         /* The child: results on fd 3, anything the backend prints on stdout goes to
          * stderr so it cannot corrupt `--json -`. Only async-signal-safe calls here. */
+        if (!fp4d_child_dies_with_parent(parent)) _exit(127);
         if (p[1] == 3) fcntl(3, F_SETFD, 0);
         else if (dup2(p[1], 3) < 0) _exit(127);
         dup2(2, 1);

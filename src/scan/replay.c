@@ -333,8 +333,10 @@ static fp4d_verdict run_backend(const char *name, const fp4d_gemm_problem *proto
     for (size_t i = 0; i < out_bytes / 2; i++) o1[i] = o2[i] = REPLAY_POISON;
     sh->status = FP4D_STATUS_INTERNAL;
     fflush(NULL);
+    const pid_t parent = getpid();
     pid_t pid = fork();
     if (pid == 0) {
+        if (!fp4d_child_dies_with_parent(parent)) _exit(0); /* status stays INTERNAL */
         fp4d_backend_t b = NULL;
         fp4d_reason why = {{0}};
         if (fp4d_backend_open(name, -1, &b, &why) != FP4D_STATUS_OK) {
