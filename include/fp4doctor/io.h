@@ -49,10 +49,15 @@ typedef enum fp4d_st_error {
     FP4D_ST_ERR_SIZE_MISMATCH,       /* end - begin != bytes implied by dtype and shape */
     FP4D_ST_ERR_TRUNCATED,           /* buffer shorter than the last tensor's end */
     FP4D_ST_ERR_TRAILING_BYTES,      /* buffer longer than the last tensor's end */
+    FP4D_ST_ERR_RESOURCE,            /* the process ran out of memory or file descriptors opening
+                                        or mapping it: a limit here, not a fault of the file */
     FP4D_ST_ERR_COUNT
 } fp4d_st_error;
 
-const char *fp4d_st_error_name(fp4d_st_error e); /* "HEADER_TOO_LARGE", ... */
+const char *fp4d_st_error_name(fp4d_st_error e);
+/* Whether an errno from open/mmap is a limit of the process (ENOMEM, EMFILE, ENFILE, EAGAIN),
+ * reported as FP4D_ST_ERR_RESOURCE rather than as a fault of the file. */
+bool fp4d_st_resource_errno(int err); /* "HEADER_TOO_LARGE", ... */
 
 #define FP4D_ST_MAX_DIMS 8
 

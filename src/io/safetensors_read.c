@@ -91,6 +91,7 @@ uint32_t fp4d_st_dtype_bits(fp4d_st_dtype t)
 static const char *const st_error_names[FP4D_ST_ERR_COUNT] = {
     [FP4D_ST_OK]                   = "OK",
     [FP4D_ST_ERR_OPEN]             = "OPEN",
+    [FP4D_ST_ERR_RESOURCE]         = "RESOURCE",
     [FP4D_ST_ERR_HEADER_TOO_SMALL] = "HEADER_TOO_SMALL",
     [FP4D_ST_ERR_HEADER_TOO_LARGE] = "HEADER_TOO_LARGE",
     [FP4D_ST_ERR_HEADER_LENGTH]    = "HEADER_LENGTH",
@@ -134,6 +135,8 @@ struct fp4d_st_file {
 
 /* Fills res (if any) and the thread's last error, and returns NULL, so every guard reads
  * `return st_fail(...)`. */
+bool fp4d_st_resource_errno(int err) { return err == ENOMEM || err == EMFILE || err == ENFILE || err == EAGAIN; }
+
 static fp4d_st_file *st_failv(fp4d_st_open_result *res, fp4d_st_error e, const char *fmt, va_list ap)
 {
     char msg[sizeof res->message];
@@ -142,7 +145,10 @@ static fp4d_st_file *st_failv(fp4d_st_open_result *res, fp4d_st_error e, const c
         res->error = e;
         memcpy(res->message, msg, sizeof msg);
     }
-    fp4d_set_error(e == FP4D_ST_ERR_OPEN ? FP4D_STATUS_IO : FP4D_STATUS_PARSE, "%s", msg);
+    fp4d_set_error(e == FP4D_ST_ERR_OPEN       ? FP4D_STATUS_IO
+                   : e == FP4D_ST_ERR_RESOURCE ? FP4D_STATUS_NOMEM
+                                               : FP4D_STATUS_PARSE,
+                   "%s", msg);
     return NULL;
 }
 
@@ -485,7 +491,9 @@ fp4d_st_file *fp4d_st_open(const char *path, fp4d_st_open_result *res)
     /* O_NONBLOCK: a FIFO (or a device) given as a checkpoint must not block the open until a
      * writer comes - it is refused below as not a regular file; regular files ignore the flag */
     int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-    if (fd < 0) return st_fail(res, FP4D_ST_ERR_OPEN, "cannot open '%s': %s", path, strerror(errno));
+    if (fd < 0)
+        return st_fail(res, fp4d_st_resource_errno(errno) ? FP4D_ST_ERR_RESOURCE : FP4D_ST_ERR_OPEN,
+                       "cannot open '%s': %s", path, strerror(errno));
     struct stat st;
     if (fstat(fd, &st) != 0) {
         int err = errno;
@@ -503,7 +511,8 @@ fp4d_st_file *fp4d_st_open(const char *path, fp4d_st_open_result *res)
         if (m == MAP_FAILED) {
             int err = errno;
             close(fd);
-            return st_fail(res, FP4D_ST_ERR_OPEN, "cannot map '%s': %s", path, strerror(err));
+            return st_fail(res, fp4d_st_resource_errno(err) ? FP4D_ST_ERR_RESOURCE : FP4D_ST_ERR_OPEN,
+                           "cannot map '%s': %s", path, strerror(err));
         }
         base = m;
     }

@@ -671,6 +671,11 @@ static fp4d_status load_shards(scan_ctx *c)
     for (size_t i = 0; i < c->num_files; i++) {
         scan_file *f = &c->files[i];
         f->fd = open(f->path, O_RDONLY | O_CLOEXEC | O_NONBLOCK); /* a FIFO must not block: refused below */
+        /* out of descriptors (more shards than `ulimit -n`) or memory: a limit of this process,
+         * not a fault of the checkpoint - the scan stops (exit 4) rather than report the shard */
+        if (f->fd < 0 && fp4d_st_resource_errno(errno))
+            return fp4d_set_error(FP4D_STATUS_NOMEM, "cannot open %s: %s (a limit of this process: raise `ulimit -n` or "
+                                  "memory)", f->rel, strerror(errno));
         if (f->fd < 0) {
             if (errno == ENOENT) {
                 f->state = FILE_MISSING;
@@ -696,6 +701,7 @@ static fp4d_status load_shards(scan_ctx *c)
         f->size = (uint64_t)sb.st_size;
         fp4d_st_open_result res;
         fp4d_st_file *st = fp4d_st_open(f->path, &res);
+        if (!st && res.error == FP4D_ST_ERR_RESOURCE) return FP4D_STATUS_NOMEM; /* fp4d_last_error says why */
         if (st) {
             f->state = FILE_OK;
             f->data_start = 8 + fp4d_st_header_size(st);

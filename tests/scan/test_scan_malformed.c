@@ -11,7 +11,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -216,6 +218,45 @@ static void test_hostile_names_in_messages(void **s)
     fp4d_scan_report_free(r);
 }
 
+/* More shards than the process may open files: a limit of this process (NOMEM, exit 4), not a
+ * HEADER_INVALID finding on every shard past the limit, which blamed the checkpoint. */
+static void test_descriptor_limit_is_not_a_finding(void **s)
+{
+    (void)s;
+    char folder[600], name[700], index[8192] = "{\"metadata\":{},\"weight_map\":{";
+    snprintf(folder, sizeof folder, "%s/many", tmpdir);
+    assert_int_equal(mkdir(folder, 0755), 0);
+    for (int i = 0; i < 30; i++) {
+        char hdr[200];
+        snprintf(hdr, sizeof hdr, "{\"t%d\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}", i);
+        snprintf(name, sizeof name, "many/model-%05d-of-00030.safetensors", i + 1);
+        write_st(name, hdr, ~0ull, 4, ~0ull);
+        snprintf(index + strlen(index), sizeof index - strlen(index), "%s\"t%d\":\"model-%05d-of-00030.safetensors\"",
+                 i ? "," : "", i, i + 1);
+    }
+    strcat(index, "}}");
+    snprintf(name, sizeof name, "%s/model.safetensors.index.json", folder);
+    FILE *f = fopen(name, "w");
+    assert_non_null(f);
+    fputs(index, f);
+    fclose(f);
+    fp4d_scan_report *r = scan_one(folder); /* within the limit: scans, no finding */
+    assert_int_equal(fp4d_scan_report_count(r), 0);
+    fp4d_scan_report_free(r);
+    const pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        const struct rlimit lim = {16, 16};
+        fp4d_scan_report *rep = NULL;
+        if (setrlimit(RLIMIT_NOFILE, &lim) != 0) _exit(3);
+        _exit(fp4d_scan_path(folder, NULL, &rep) == FP4D_STATUS_NOMEM ? 0 : 1);
+    }
+    int st = 0;
+    assert_int_equal(waitpid(pid, &st, 0), pid);
+    assert_true(WIFEXITED(st));
+    assert_int_equal(WEXITSTATUS(st), 0);
+}
+
 static void test_folders(void **s)
 {
     (void)s;
@@ -272,6 +313,7 @@ int main(void)
         cmocka_unit_test(test_folders),
         cmocka_unit_test(test_codes_typed_f4),
         cmocka_unit_test(test_hostile_names_in_messages),
+        cmocka_unit_test(test_descriptor_limit_is_not_a_finding),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
