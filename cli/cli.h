@@ -6,6 +6,7 @@
 #include <stdio.h>
 
 #include "fp4doctor/fp4doctor.h"
+#include "fp4doctor/io.h"
 
 /* Every subcommand: argv[0] is the subcommand's name. Returns an exit code (enum fp4d_exit). */
 typedef int (*cli_command_fn)(int argc, char **argv);
@@ -39,6 +40,14 @@ bool cli_use_color(FILE *f);
 /* Splits "file.safetensors:tensor" at the LAST ':' into path and name (name may be NULL
  * when there is no ':'). Returns false when the spec is empty. Caller frees *path. */
 bool cli_split_tensor_spec(const char *spec, char **path, char **name);
+
+/* Reports a safetensors file that fp4d_st_open could not open: exit 4 where the process ran out
+ * of memory or descriptors (FP4D_ST_ERR_RESOURCE), else 3; returns that exit code. */
+int cli_open_failed(const char *cmd, const fp4d_st_open_result *res);
+
+/* s copied into buf (size bytes, cut if longer) as shown on a terminal: untrusted text (a
+ * plugin's or a server's words) without control characters, whole UTF-8. Returns buf. */
+const char *cli_shown(const char *s, char *buf, size_t size);
 
 /* a followed by b in a new string (malloc'd; NULL when out of memory). Tensor names have no
  * length limit short of the header's, so names built from them are never cut to a buffer. */

@@ -25,6 +25,19 @@ int cli_fail(int code, const char *cmd, const char *fmt, ...)
     return code;
 }
 
+int cli_open_failed(const char *cmd, const fp4d_st_open_result *res)
+{
+    return cli_fail(res->error == FP4D_ST_ERR_RESOURCE ? FP4D_EXIT_INTERNAL : FP4D_EXIT_INPUT, cmd, "%s [%s]",
+                    res->message, fp4d_st_error_name(res->error));
+}
+
+const char *cli_shown(const char *s, char *buf, size_t size)
+{
+    snprintf(buf, size, "%s", s ? s : "");
+    fp4d_text_clean(buf);
+    return buf;
+}
+
 char *cli_joined(const char *a, const char *b)
 {
     const size_t na = strlen(a), nb = strlen(b);

@@ -12,7 +12,6 @@
 
 #include "cli.h"
 #include "fp4doctor/backend.h"
-#include "internal.h"
 
 static void usage(FILE *f)
 {
@@ -55,14 +54,6 @@ static void caps_text(uint32_t caps, char *buf, size_t len)
         }
 }
 
-/* A backend's description as shown: a plugin's own words, so without control characters and
- * as whole UTF-8 (invalid UTF-8 made the JSON writer drop the key). */
-static void shown_description(const fp4d_backend_iface *f, char *buf, size_t size)
-{
-    snprintf(buf, size, "%s", f->description ? f->description : "");
-    fp4d_text_clean(buf);
-}
-
 static int print_json(const backend_row *rows, size_t n)
 {
     json_t *root = json_object(), *list = json_array();
@@ -75,9 +66,8 @@ static int print_json(const backend_row *rows, size_t n)
         for (size_t c = 0; c < sizeof cap_names / sizeof cap_names[0]; c++)
             if (f->caps & cap_names[c].bit) json_array_append_new(caps, json_string(cap_names[c].name));
         json_object_set_new(o, "name", json_string(f->name));
-        char desc[512];
-        shown_description(f, desc, sizeof desc);
-        json_object_set_new(o, "description", json_string(desc));
+        char desc[512]; /* a plugin's words: invalid UTF-8 made the JSON writer drop the key */
+        json_object_set_new(o, "description", json_string(cli_shown(f->description, desc, sizeof desc)));
         json_object_set_new(o, "kind", json_string(fp4d_backend_kind_name(f->kind)));
         json_object_set_new(o, "caps", caps);
         json_object_set_new(o, "device", rows[i].device >= 0 ? json_integer(rows[i].device) : json_null());
@@ -103,7 +93,7 @@ static void print_text(const backend_row *rows, size_t n)
         caps_text(f->caps, caps, sizeof caps);
         const char *status = rows[i].available ? "available" : "no";
         char        desc[512];
-        shown_description(f, desc, sizeof desc);
+        cli_shown(f->description, desc, sizeof desc);
         printf("%-26s %-9s %s%-10s%s %-30s %s\n", f->name, fp4d_backend_kind_name(f->kind),
                color ? (rows[i].available ? "\033[32m" : "\033[33m") : "", status, color ? "\033[0m" : "", caps,
                rows[i].available ? desc : rows[i].reason);

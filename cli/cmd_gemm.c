@@ -48,7 +48,7 @@ static int spec_open(const char *cmd, spec_operand *s)
 {
     fp4d_st_open_result res;
     s->file = fp4d_st_open(s->path, &res);
-    if (!s->file) return cli_fail(res.error == FP4D_ST_ERR_RESOURCE ? FP4D_EXIT_INTERNAL : FP4D_EXIT_INPUT, cmd, "%s [%s]", res.message, fp4d_st_error_name(res.error));
+    if (!s->file) return cli_open_failed(cmd, &res);
     return FP4D_EXIT_OK;
 }
 

@@ -108,16 +108,7 @@ static void on_response(void *user, const fp4d_probe_record *rec, unsigned done,
     p->last_phase = rec->phase;
 }
 
-/* The server's words as shown on one line: no control characters (C0, C1, DEL: terminal
- * escape sequences), whole UTF-8. buf holds size bytes. */
-static const char *shown(const char *s, char *buf, size_t size)
-{
-    snprintf(buf, size, "%s", s);
-    fp4d_text_clean(buf);
-    return buf;
-}
-
-/* Prints s line by line, each line prefixed and shown() - so control characters, C1 ones and
+/* Prints s line by line, each line prefixed and cleaned as cli_shown does - so control characters, C1 ones and
  * invalid UTF-8 (a raw 0x9B is a CSI to some terminals) appear as '?'. */
 static void print_quoted(FILE *f, const char *s, const char *prefix)
 {
@@ -164,9 +155,9 @@ static void print_quote(FILE *f, const fp4d_probe_quote *q, unsigned number)
             q->request_index + 1, p ? p->id : "?", p ? p->answers[0] : "?");
     fprintf(f, "  %s  HTTP %d  %.0f ms", fp4d_probe_class_name(q->cls), q->http_status, q->latency_ms);
     char buf[256];
-    if (q->finish_reason[0]) fprintf(f, "  finish_reason \"%s\"", shown(q->finish_reason, buf, sizeof buf));
-    if (q->matched_stop[0]) fprintf(f, "  matched_stop \"%s\"", shown(q->matched_stop, buf, sizeof buf));
-    fprintf(f, "\n  %s\n", shown(q->detail, buf, sizeof buf));
+    if (q->finish_reason[0]) fprintf(f, "  finish_reason \"%s\"", cli_shown(q->finish_reason, buf, sizeof buf));
+    if (q->matched_stop[0]) fprintf(f, "  matched_stop \"%s\"", cli_shown(q->matched_stop, buf, sizeof buf));
+    fprintf(f, "\n  %s\n", cli_shown(q->detail, buf, sizeof buf));
     if (q->body[0]) {
         fprintf(f, "  body%s:\n", q->body_truncated ? " (first 2048 bytes)" : "");
         print_quoted(f, q->body, "  | ");
@@ -178,7 +169,7 @@ static void print_report(FILE *f, const fp4d_probe_report *r, bool color)
     char buf[600];
     fprintf(f, "fp4doctor probe %s\n", r->url);
     if (r->model[0])
-        fprintf(f, "  model     %s (%s)\n", shown(r->model, buf, sizeof buf),
+        fprintf(f, "  model     %s (%s)\n", cli_shown(r->model, buf, sizeof buf),
                 !strcmp(r->model_source, "option") ? "--model" : !strcmp(r->model_source, "/v1/models")
                                                                      ? "from GET /v1/models"
                                                                      : "fallback");
@@ -188,7 +179,7 @@ static void print_report(FILE *f, const fp4d_probe_report *r, bool color)
             r->api == FP4D_PROBE_API_CHAT ? "/v1/chat/completions" : "/v1/completions",
             r->stream ? "streamed (SSE)" : "not streamed", r->max_tokens, r->timeout_s,
             r->answer_check ? "" : ", answers not checked");
-    if (r->note[0]) fprintf(f, "  note      %s\n", shown(r->note, buf, sizeof buf));
+    if (r->note[0]) fprintf(f, "  note      %s\n", cli_shown(r->note, buf, sizeof buf));
     fputc('\n', f);
     for (unsigned i = 0; i < 2; i++) print_phase(f, &r->phases[i], i + 1, color);
     for (unsigned i = 0; i < 2; i++) print_quote(f, &r->phases[i].first_offending, i + 1);

@@ -287,7 +287,7 @@ int cmd_quantize(int argc, char **argv)
         } else {
             fp4d_st_open_result res;
             fp4d_st_file *in = fp4d_st_open(o.in, &res);
-            if (!in) rc = cli_fail(res.error == FP4D_ST_ERR_RESOURCE ? FP4D_EXIT_INTERNAL : FP4D_EXIT_INPUT, cmd, "%s [%s]", res.message, fp4d_st_error_name(res.error));
+            if (!in) rc = cli_open_failed(cmd, &res);
             else rc = quantize_file(cmd, &o, in);
             fp4d_st_close(in);
         }
@@ -394,7 +394,7 @@ int cmd_dequantize(int argc, char **argv)
                         out_path);
     fp4d_st_open_result res;
     fp4d_st_file *in = fp4d_st_open(in_path, &res);
-    if (!in) return cli_fail(res.error == FP4D_ST_ERR_RESOURCE ? FP4D_EXIT_INTERNAL : FP4D_EXIT_INPUT, cmd, "%s [%s]", res.message, fp4d_st_error_name(res.error));
+    if (!in) return cli_open_failed(cmd, &res);
     int rc = dequantize_file(cmd, in_path, out_path, in);
     fp4d_st_close(in);
     return rc;

@@ -3,6 +3,7 @@
 #define FP4D_INTERNAL_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <sys/types.h>
 
 #include "fp4doctor/fp4doctor.h"
@@ -30,6 +31,10 @@ void        fp4d_clear_error(void);
     } while (0)
 
 #define FP4D_ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
+
+/* Length of the valid UTF-8 sequence at s (at most n bytes; no overlong form, surrogate or
+ * code point past U+10FFFF), 0 when it is not one. */
+size_t fp4d_utf8_seq_len(const unsigned char *s, size_t n);
 
 /* Makes untrusted text (a plugin's reason, a checkpoint's tensor name inside a message) safe
  * to print on a terminal and to embed in JSON or XML, in place, keeping its length: every byte

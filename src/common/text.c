@@ -5,8 +5,7 @@
 
 #include "internal.h"
 
-/* Length of the valid UTF-8 sequence at s (at most n bytes), 0 when it is not one. */
-static size_t utf8_len(const unsigned char *s, size_t n)
+size_t fp4d_utf8_seq_len(const unsigned char *s, size_t n)
 {
     const unsigned char c = s[0];
     size_t len;
@@ -32,7 +31,7 @@ void fp4d_text_clean(char *s)
     size_t n = 0;
     while (u[n]) n++;
     for (size_t i = 0; i < n;) {
-        const size_t k = utf8_len(u + i, n - i);
+        const size_t k = fp4d_utf8_seq_len(u + i, n - i);
         /* C0 controls and DEL (escape sequences start with ESC), C1 controls U+0080..U+009F
          * (0x9B is a one-byte CSI to some terminals), and U+FFFE / U+FFFF (which XML forbids) */
         const bool control = k == 1 ? u[i] < 0x20 || u[i] == 0x7F

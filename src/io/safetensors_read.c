@@ -133,10 +133,10 @@ struct fp4d_st_file {
     size_t          meta_count;
 };
 
-/* Fills res (if any) and the thread's last error, and returns NULL, so every guard reads
- * `return st_fail(...)`. */
 bool fp4d_st_resource_errno(int err) { return err == ENOMEM || err == EMFILE || err == ENFILE || err == EAGAIN; }
 
+/* Fills res (if any) and the thread's last error, and returns NULL, so every guard reads
+ * `return st_fail(...)`. */
 static fp4d_st_file *st_failv(fp4d_st_open_result *res, fp4d_st_error e, const char *fmt, va_list ap)
 {
     char msg[sizeof res->message];

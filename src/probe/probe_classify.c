@@ -50,27 +50,6 @@ void fp4d_probe_copy(char *dst, size_t cap, const char *s)
     dst[n] = '\0';
 }
 
-/* Length of the valid UTF-8 sequence at s[0..n), or 0 when it is not valid. */
-static size_t utf8_seq_len(const unsigned char *s, size_t n)
-{
-    unsigned char c = s[0];
-    size_t len;
-    unsigned min;
-    unsigned cp;
-    if (c < 0x80) return 1;
-    if (c >= 0xC2 && c <= 0xDF) { len = 2; cp = c & 0x1F; min = 0x80; }
-    else if (c >= 0xE0 && c <= 0xEF) { len = 3; cp = c & 0x0F; min = 0x800; }
-    else if (c >= 0xF0 && c <= 0xF4) { len = 4; cp = c & 0x07; min = 0x10000; }
-    else return 0;
-    if (len > n) return 0;
-    for (size_t i = 1; i < len; i++) {
-        if ((s[i] & 0xC0) != 0x80) return 0;
-        cp = (cp << 6) | (s[i] & 0x3F);
-    }
-    if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return 0;
-    return len;
-}
-
 char *fp4d_probe_utf8_sanitize(const char *s, size_t n)
 {
     /* Each invalid byte becomes the 3-byte U+FFFD: at most 3x growth. */
@@ -79,7 +58,7 @@ char *fp4d_probe_utf8_sanitize(const char *s, size_t n)
     size_t o = 0;
     const unsigned char *u = (const unsigned char *)s;
     for (size_t i = 0; i < n;) {
-        size_t k = u[i] ? utf8_seq_len(u + i, n - i) : 0;
+        size_t k = u[i] ? fp4d_utf8_seq_len(u + i, n - i) : 0;
         if (k) {
             memcpy(out + o, s + i, k);
             o += k;
@@ -391,6 +370,17 @@ static fp4d_probe_class set_class(fp4d_probe_outcome *o, fp4d_probe_class c, con
     return c;
 }
 
+/* b's text as a NUL-terminated string the caller owns (b no longer holds it): each NUL inside
+ * becomes '?'; "" when b holds nothing. */
+static char *taken_text(fp4d_buf *b)
+{
+    for (size_t i = 0; b->p && i < b->len; i++)
+        if (!b->p[i]) b->p[i] = '?';
+    char *t = b->p ? b->p : strdup("");
+    b->p = NULL;
+    return t;
+}
+
 fp4d_status fp4d_probe_classify(const char *body, size_t len, int http_status, bool stream,
                                 fp4d_probe_api api, const fp4d_probe_prompt *prompt,
                                 fp4d_probe_outcome *o)
@@ -444,18 +434,8 @@ fp4d_status fp4d_probe_classify(const char *body, size_t len, int http_status, b
     /* Keep the text before any verdict on it: the report quotes it. A NUL inside it ("\u0000")
      * becomes '?': the outcome's strings are NUL-terminated, and the checks below would otherwise
      * stop at it and miss whatever garbage follows. */
-    if (p.content_present) {
-        for (size_t i = 0; p.content.p && i < p.content.len; i++)
-            if (!p.content.p[i]) p.content.p[i] = '?';
-        o->content = p.content.p ? p.content.p : strdup("");
-        p.content.p = NULL;
-    }
-    if (p.reasoning_present) {
-        for (size_t i = 0; p.reasoning.p && i < p.reasoning.len; i++)
-            if (!p.reasoning.p[i]) p.reasoning.p[i] = '?';
-        o->reasoning = p.reasoning.p ? p.reasoning.p : strdup("");
-        p.reasoning.p = NULL;
-    }
+    if (p.content_present) o->content = taken_text(&p.content);
+    if (p.reasoning_present) o->reasoning = taken_text(&p.reasoning);
     if ((p.content_present && !o->content) || (p.reasoning_present && !o->reasoning)) {
         fp4d_probe_outcome_free(o);
         return fp4d_set_error(FP4D_STATUS_NOMEM, "out of memory while reading a response");
