@@ -3,12 +3,18 @@
  * open/close, supports with a reason, validating wrappers, and `auto` (forcing, scores,
  * validation against the reference, the verdict cache, FP4DOCTOR_DEBUG).
  */
+#include <errno.h>
 #include <fcntl.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <signal.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -133,6 +139,63 @@ static void test_reasons_are_cleaned(void **state)
     fp4d_reason why;
     assert_int_equal(fp4d_backend_open("toy-hostile", -1, &b, &why), FP4D_STATUS_DEVICE);
     assert_string_equal(why.text, "needs ? hw ?]0;x? ?? ??? caf\xc3\xa9 ??");
+}
+
+/* Where the cache lives and how its failures read. Run as root with HOME naming a directory
+ * that is not there, the cache made that home directory; now it leaves HOME alone and says
+ * so. A write that fails (a full disk; here a file size limit) gives the write's own reason,
+ * where it said "Input/output error" for every failure. */
+static void test_verdict_cache_home_and_write_errors(void **state)
+{
+    (void)state;
+    fp4d_verdict_cache_disable(false);
+    const fp4d_cached_verdict pass = {"PASS", "quick", 1.0};
+    char home[512], cached[640];
+    struct stat sb;
+    char *old_home = getenv("HOME") ? strdup(getenv("HOME")) : NULL;
+    unsetenv("XDG_CACHE_HOME");
+
+    snprintf(home, sizeof home, "%s/no-such-home", cache_dir);
+    setenv("HOME", home, 1);
+    assert_int_equal(fp4d_verdict_cache_put("cpu", -1, &pass), FP4D_STATUS_IO);
+    assert_non_null(strstr(fp4d_last_error(), "HOME"));
+    assert_non_null(strstr(fp4d_last_error(), home));
+    assert_int_not_equal(stat(home, &sb), 0); /* not created */
+
+    /* an existing home: .cache and .cache/fp4doctor are made below it */
+    assert_int_equal(mkdir(home, 0700), 0);
+    assert_int_equal(fp4d_verdict_cache_put("cpu", -1, &pass), FP4D_STATUS_OK);
+    snprintf(cached, sizeof cached, "%s/.cache/fp4doctor", home);
+    assert_int_equal(stat(cached, &sb), 0);
+    assert_true(S_ISDIR(sb.st_mode));
+    assert_non_null(strstr(fp4d_verdict_cache_path(), cached));
+    fp4d_cached_verdict got;
+    assert_true(fp4d_verdict_cache_get("cpu", -1, &got));
+    assert_string_equal(got.verdict, "PASS");
+
+    /* a write cut short by RLIMIT_FSIZE (EFBIG, SIGXFSZ ignored), in a child process */
+    const pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        signal(SIGXFSZ, SIG_IGN);
+        const struct rlimit tiny = {16, 16};
+        if (setrlimit(RLIMIT_FSIZE, &tiny) != 0) _exit(2);
+        const fp4d_cached_verdict more = {"WRONG", "full", 2.0};
+        if (fp4d_verdict_cache_put("ref", -1, &more) != FP4D_STATUS_IO) _exit(3);
+        _exit(strstr(fp4d_last_error(), strerror(EFBIG)) ? 0 : 4);
+    }
+    int wst = 0;
+    assert_int_equal(waitpid(pid, &wst, 0), pid);
+    assert_true(WIFEXITED(wst));
+    assert_int_equal(WEXITSTATUS(wst), 0);
+    /* the cache as it was */
+    assert_true(fp4d_verdict_cache_get("cpu", -1, &got));
+    assert_false(fp4d_verdict_cache_get("ref", -1, &got));
+
+    setenv("XDG_CACHE_HOME", cache_dir, 1);
+    if (old_home) setenv("HOME", old_home, 1);
+    else unsetenv("HOME");
+    free(old_home);
 }
 
 static void test_add_rejects_bad_ifaces(void **state)
@@ -350,6 +413,7 @@ int main(void)
         cmocka_unit_test(test_builtins_in_order),
         cmocka_unit_test(test_add_rejects_bad_ifaces),
         cmocka_unit_test(test_reasons_are_cleaned),
+        cmocka_unit_test(test_verdict_cache_home_and_write_errors),
         cmocka_unit_test(test_open_close_supports),
         cmocka_unit_test(test_auto),
     };

@@ -84,18 +84,23 @@ static const char *build_fingerprint(void)
     return cache_fingerprint;
 }
 
-/* The directory: $XDG_CACHE_HOME/fp4doctor, else $HOME/.cache/fp4doctor. "" if neither
- * variable is usable (then the cache is simply off). */
-static bool cache_dir(char *dir, size_t size)
+/* The directory: $XDG_CACHE_HOME/fp4doctor, else $HOME/.cache/fp4doctor. false if neither
+ * variable is usable (then the cache is simply off). *made_from: the length of the part that
+ * must exist already - $HOME, which the cache never creates (run as root with HOME pointing
+ * at a directory that is not there, it made that home directory); 0 for XDG_CACHE_HOME, which
+ * the XDG spec says to create when it is missing. */
+static bool cache_dir(char *dir, size_t size, size_t *made_from)
 {
     const char *xdg = getenv("XDG_CACHE_HOME");
     int n;
     if (xdg && xdg[0] == '/') { /* the XDG spec says relative paths are invalid: ignore */
         n = snprintf(dir, size, "%s/fp4doctor", xdg);
+        if (made_from) *made_from = 0;
     } else {
         const char *home = getenv("HOME");
         if (!home || !home[0]) return false;
         n = snprintf(dir, size, "%s/.cache/fp4doctor", home);
+        if (made_from) *made_from = strlen(home);
     }
     return n > 0 && (size_t)n < size;
 }
@@ -103,7 +108,7 @@ static bool cache_dir(char *dir, size_t size)
 const char *fp4d_verdict_cache_path(void)
 {
     char dir[3800];
-    if (!cache_dir(dir, sizeof dir)) {
+    if (!cache_dir(dir, sizeof dir, NULL)) {
         cache_path[0] = '\0';
         return cache_path;
     }
@@ -160,15 +165,23 @@ bool fp4d_verdict_cache_get(const char *backend, int device, fp4d_cached_verdict
     return found;
 }
 
-/* mkdir -p for the cache directory (two levels at most below an existing parent). */
-static fp4d_status ensure_dir(const char *dir)
+/* mkdir -p for the cache directory, below its first `keep` bytes, which must name an existing
+ * directory. */
+static fp4d_status ensure_dir(const char *dir, size_t keep)
 {
     char tmp[4096];
     snprintf(tmp, sizeof tmp, "%s", dir);
-    for (char *p = tmp + 1; *p; p++) {
+    if (keep > 0) {
+        tmp[keep] = '\0';
+        struct stat sb;
+        const int err = stat(tmp, &sb) != 0 ? errno : S_ISDIR(sb.st_mode) ? 0 : ENOTDIR;
+        if (err) return fp4d_set_error(FP4D_STATUS_IO, "verdict cache: HOME '%s' is not usable: %s", tmp, strerror(err));
+        tmp[keep] = dir[keep];
+    }
+    for (char *p = tmp + (keep > 0 ? keep : 1); *p; p++) {
         if (*p != '/') continue;
         *p = '\0';
-        if (mkdir(tmp, 0700) != 0 && errno != EEXIST)
+        if (p > tmp + keep && mkdir(tmp, 0700) != 0 && errno != EEXIST)
             return fp4d_set_error(FP4D_STATUS_IO, "verdict cache: cannot create '%s': %s", tmp,
                                   strerror(errno));
         *p = '/';
@@ -186,9 +199,10 @@ fp4d_status fp4d_verdict_cache_put(const char *backend, int device, const fp4d_c
     FP4D_RETURN_ERROR_IF(!backend || !v, INVALID_ARG, "verdict cache: NULL argument");
     if (cache_disabled()) return FP4D_STATUS_OK;
     char dir[3800];
-    FP4D_RETURN_ERROR_IF(!cache_dir(dir, sizeof dir), IO,
+    size_t keep = 0;
+    FP4D_RETURN_ERROR_IF(!cache_dir(dir, sizeof dir, &keep), IO,
                          "verdict cache: neither XDG_CACHE_HOME nor HOME is set");
-    FP4D_FORWARD_IF_ERROR(ensure_dir(dir));
+    FP4D_FORWARD_IF_ERROR(ensure_dir(dir, keep));
     const char *path = fp4d_verdict_cache_path();
     /* Read, merge, replace under an exclusive lock on PATH.lock: `check` runs of different
      * backends at once each read the file, added their entry and renamed their copy over it,
@@ -229,11 +243,13 @@ static fp4d_status cache_put_locked(const char *path, const char *backend, int d
         return fp4d_set_error(FP4D_STATUS_IO, "verdict cache: cannot write a temporary file beside '%s': %s", path,
                               strerror(err));
     }
-    int rc = json_dumpfd(root, fd, JSON_INDENT(2) | JSON_SORT_KEYS);
+    /* the write's own errno (a full disk says so), EIO where jansson failed without one */
+    errno = 0;
+    int err = json_dumpfd(root, fd, JSON_INDENT(2) | JSON_SORT_KEYS) == 0 && write(fd, "\n", 1) == 1 ? 0
+              : errno                                                                                  ? errno
+                                                                                                       : EIO;
     json_decref(root);
-    if (rc == 0 && write(fd, "\n", 1) != 1) rc = -1;
-    int err = EIO;
-    if (rc == 0) err = fp4d_replace_commit(fd, tmp, path, true);
+    if (err == 0) err = fp4d_replace_commit(fd, tmp, path, true);
     else fp4d_replace_abort(fd, tmp);
     if (err) return fp4d_set_error(FP4D_STATUS_IO, "verdict cache: cannot replace '%s': %s", path, strerror(err));
     return FP4D_STATUS_OK;
