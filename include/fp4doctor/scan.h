@@ -106,7 +106,11 @@ typedef struct fp4d_scan_report fp4d_scan_report;
  * Scans a checkpoint directory or a single .safetensors file. A broken checkpoint is not
  * an error of this function: it returns OK and the report holds the findings. Returns
  * NOT_FOUND / IO when the path cannot be read at all (missing, not a directory or
- * .safetensors file, no .safetensors files in it), NOMEM on allocation failure.
+ * .safetensors file, no .safetensors files in it), NOMEM on allocation failure. A regular
+ * file counts as a .safetensors file when it is named so or begins like one (8-byte header
+ * length up to 100 MB, then '{'); anything else (a README, config.json, a GGUF or pickle
+ * file) is IO, "not a safetensors file", since it is no checkpoint at all rather than a
+ * damaged one.
  * Memory held stays bounded (a few buffers per thread) whatever the checkpoint size.
  */
 fp4d_status fp4d_scan_path(const char *path, const fp4d_scan_options *opt, fp4d_scan_report **out);
@@ -216,7 +220,11 @@ typedef struct fp4d_ckpt_gen_params {
 /* Fills p with the defaults above for a format. */
 void        fp4d_ckpt_gen_defaults(fp4d_ckpt_gen_params *p, fp4d_ckpt_format format);
 /* Writes the checkpoint into dir (created if missing; files in it are overwritten).
- * Returns INVALID_ARG when a plant names a tensor the checkpoint does not have. */
+ * Returns INVALID_ARG when a plant names a tensor the checkpoint does not have. Sizes are
+ * checked before anything is written: INVALID_ARG when a tensor or the whole checkpoint
+ * would exceed 2^63 bytes, when it would have more than 1,000,000 tensors, or when a
+ * quantized (not random_fill) checkpoint would take more than half of physical memory; IO
+ * when it is larger than the space free where dir is. */
 fp4d_status fp4d_ckpt_generate(const char *dir, const fp4d_ckpt_gen_params *p);
 
 #ifdef __cplusplus

@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <jansson.h>
@@ -102,7 +103,14 @@ typedef struct gen_plan {
     uint64_t   *shard_cut;     /* truncate to this many bytes (0: no) */
     char      **shard_cut_tensor;
     int32_t    *shard_header_defect; /* 0 none, 1 garbage, 2 length */
+    bool        sizing;        /* plan shapes only: no data, no quantizing (fp4d_ckpt_generate) */
+    uint64_t    total_bytes;   /* bytes of tensor data planned */
+    const char *too_big;       /* first tensor whose size overflows what a file can hold */
 } gen_plan;
+
+/* No tensor data is produced while planning: random-fill fills while writing, and the sizing
+ * pass only adds up bytes. */
+static bool plan_no_data(const gen_plan *g) { return g->p->random_fill || g->sizing; }
 
 static uint64_t rng_next(uint64_t *s)
 {
@@ -138,17 +146,28 @@ static gen_tensor *plan_add(gen_plan *g, const char *name, fp4d_st_dtype dt, int
     if (!t->name) return NULL;
     t->dtype = dt;
     t->ndim = ndim;
-    uint64_t elems = 1;
+    /* Sizes past 2^63 bytes cannot be offsets in a file (or a safetensors header): they are
+     * refused before anything is written, rather than wrapped into a corrupt file. */
+    uint64_t elems = 1, bits = 0;
+    bool over = false;
     for (int32_t i = 0; i < ndim; i++) {
         t->shape[i] = shape[i];
-        elems *= (uint64_t)shape[i];
+        over |= __builtin_mul_overflow(elems, (uint64_t)shape[i], &elems);
     }
-    t->nbytes = elems * fp4d_st_dtype_bits(dt) / 8;
+    over |= __builtin_mul_overflow(elems, (uint64_t)fp4d_st_dtype_bits(dt), &bits);
+    t->nbytes = bits / 8;
+    over |= t->nbytes > (uint64_t)INT64_MAX || __builtin_add_overflow(g->total_bytes, t->nbytes, &g->total_bytes) ||
+            g->total_bytes > (uint64_t)INT64_MAX;
+    if (over) {
+        if (!g->too_big) g->too_big = t->name; /* owned by the table; kept until it is freed */
+        g->n++;
+        return NULL;
+    }
     t->shard = shard;
     t->dup_shard = -1;
     t->index_shard = shard;
     t->seed = rng_next(&g->rng);
-    if (!g->p->random_fill) {
+    if (!plan_no_data(g)) {
         t->data = calloc(t->nbytes ? t->nbytes : 1, 1);
         if (!t->data) return NULL;
     }
@@ -275,7 +294,7 @@ static int add_linear_group(gen_plan *g, gen_writer wr, const char *parent, cons
     int block = mx ? 32 : 16;
     float amax = 0;
     float *w[3] = {0};
-    if (!p->random_fill)
+    if (!plan_no_data(g))
         for (int i = 0; i < n; i++)
             if (!(w[i] = gauss_matrix(g, outs[i], K, block, &amax))) return -1;
     if (amax == 0) amax = 1.0f;
@@ -295,7 +314,7 @@ static int add_linear_group(gen_plan *g, gen_writer wr, const char *parent, cons
             break;
         }
         codes = scales - 1;
-        if (p->random_fill) {
+        if (plan_no_data(g)) {
             codes->fill = FILL_RANDOM_CODES;
             scales->fill = mx ? FILL_RANDOM_MXSCALES : FILL_RANDOM_NVSCALES;
         } else if (mx) {
@@ -345,7 +364,7 @@ static int add_gptoss_experts(gen_plan *g, const char *prefix, int64_t E, int64_
     gen_tensor *scales = blocks ? plan_add(g, name, FP4D_ST_U8, 3, sshape, shard) : NULL;
     if (!scales) return -1;
     blocks = scales - 1; /* plan_add may have moved the table */
-    if (g->p->random_fill) {
+    if (plan_no_data(g)) {
         blocks->fill = FILL_RANDOM_CODES;
         scales->fill = FILL_RANDOM_MXSCALES;
     } else {
@@ -892,6 +911,72 @@ static fp4d_status write_json(const char *dir, const char *name, json_t *j)
     return st;
 }
 
+static void plan_free(gen_plan *g)
+{
+    for (size_t i = 0; i < g->n; i++) {
+        free(g->t[i].name);
+        free(g->t[i].data);
+    }
+    free(g->t);
+    for (int32_t s = 0; g->shard_cut_tensor && s < g->p->shards; s++) free(g->shard_cut_tensor[s]);
+    free(g->shard_cut_tensor);
+    free(g->shard_deleted);
+    free(g->shard_header_defect);
+    json_decref(g->config);
+    json_decref(g->hf_quant);
+}
+
+/* Tensor entries a checkpoint of these parameters has at most: 2 norms, 4 attention linears
+ * and router tensors per layer, 4 tensors per linear, 3 linears per expert (or dense MLP). */
+static uint64_t max_tensors(const fp4d_ckpt_gen_params *p)
+{
+    return (uint64_t)p->layers * (40 + 12 * (uint64_t)(p->experts > 0 ? p->experts : 1)) + 8;
+}
+
+#define GEN_MAX_TENSORS 1000000u /* the plan holds one entry per tensor, the header its name */
+
+/* Sizes the checkpoint from its plan before anything is written: a size a file cannot hold,
+ * more than the destination has free, or (quantized checkpoints are built in memory) more
+ * than half of this machine's memory is refused with the numbers, where the generator used
+ * to fill the disk, wrap sizes into a corrupt file or die of memory halfway. */
+static fp4d_status check_size(const fp4d_ckpt_gen_params *p, uint64_t *bytes)
+{
+    FP4D_RETURN_ERROR_IF(max_tensors(p) > GEN_MAX_TENSORS, INVALID_ARG,
+                         "fp4d_ckpt_generate: %d layers x %d experts is up to %llu tensors; at most %u are generated",
+                         p->layers, p->experts, (unsigned long long)max_tensors(p), GEN_MAX_TENSORS);
+    gen_plan g;
+    memset(&g, 0, sizeof g);
+    g.p = p;
+    g.sizing = true;
+    fp4d_status st = FP4D_STATUS_OK;
+    if (build_configs(&g) || build_model(&g)) {
+        if (g.too_big) {
+            const gen_tensor *t = &g.t[g.n - 1];
+            char shape[160] = "";
+            for (int32_t i = 0; i < t->ndim; i++)
+                snprintf(shape + strlen(shape), sizeof shape - strlen(shape), "%s%lld", i ? ", " : "",
+                         (long long)t->shape[i]);
+            st = fp4d_set_error(FP4D_STATUS_INVALID_ARG,
+                                "fp4d_ckpt_generate: %s [%s] (%s) and the tensors before it come to more than 2^63 "
+                                "bytes, more than a file can hold; choose smaller hidden/intermediate/experts/layers",
+                                g.too_big, shape, fp4d_st_dtype_name(t->dtype));
+        } else {
+            st = fp4d_set_error(FP4D_STATUS_NOMEM, "out of memory planning the checkpoint");
+        }
+    }
+    *bytes = g.total_bytes;
+    plan_free(&g);
+    FP4D_FORWARD_IF_ERROR(st);
+    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    uint64_t mem = pages > 0 && page > 0 ? (uint64_t)pages * (uint64_t)page : 0;
+    FP4D_RETURN_ERROR_IF(!p->random_fill && mem && *bytes > mem / 2, INVALID_ARG,
+                         "fp4d_ckpt_generate: the checkpoint would be %.2f GB, built in memory while quantized: more "
+                         "than half of this machine's %.2f GB; use random fill (gen-checkpoint --random-fill) for "
+                         "checkpoints this large",
+                         (double)*bytes / 1e9, (double)mem / 1e9);
+    return FP4D_STATUS_OK;
+}
+
 void fp4d_ckpt_gen_defaults(fp4d_ckpt_gen_params *p, fp4d_ckpt_format format)
 {
     memset(p, 0, sizeof *p);
@@ -917,8 +1002,20 @@ fp4d_status fp4d_ckpt_generate(const char *dir, const fp4d_ckpt_gen_params *p)
                                       "1 <= shards <= layers + 1, gpt-oss needs experts)");
     FP4D_RETURN_ERROR_IF(p->random_fill && p->num_plants, INVALID_ARG,
                          "fp4d_ckpt_generate: defects cannot be planted in random-fill checkpoints");
-    if (mkdir(dir, 0755) != 0 && errno != EEXIST)
+    uint64_t bytes = 0;
+    FP4D_FORWARD_IF_ERROR(check_size(p, &bytes));
+    bool created = mkdir(dir, 0755) == 0;
+    if (!created && errno != EEXIST)
         return fp4d_set_error(FP4D_STATUS_IO, "cannot create '%s': %s", dir, strerror(errno));
+    /* Files it replaces free their space, but not before the new ones are written in full. */
+    struct statvfs vfs;
+    if (statvfs(dir, &vfs) == 0 && bytes > (uint64_t)vfs.f_bavail * (uint64_t)vfs.f_frsize) {
+        if (created) rmdir(dir);
+        return fp4d_set_error(FP4D_STATUS_IO,
+                              "fp4d_ckpt_generate: the checkpoint would be %.2f GB, but '%s' has %.2f GB free",
+                              (double)bytes / 1e9, dir,
+                              (double)((uint64_t)vfs.f_bavail * (uint64_t)vfs.f_frsize) / 1e9);
+    }
     gen_plan g;
     memset(&g, 0, sizeof g);
     g.p = p;
@@ -958,16 +1055,6 @@ fp4d_status fp4d_ckpt_generate(const char *dir, const fp4d_ckpt_gen_params *p)
             free(stale);
         }
     }
-    for (size_t i = 0; i < g.n; i++) {
-        free(g.t[i].name);
-        free(g.t[i].data);
-    }
-    free(g.t);
-    for (int32_t s = 0; g.shard_cut_tensor && s < p->shards; s++) free(g.shard_cut_tensor[s]);
-    free(g.shard_cut_tensor);
-    free(g.shard_deleted);
-    free(g.shard_header_defect);
-    json_decref(g.config);
-    json_decref(g.hf_quant);
+    plan_free(&g);
     return st;
 }

@@ -190,6 +190,8 @@ typedef struct scan_ctx {
     /* index */
     bool                 have_index;
     json_t              *weight_map;
+    char               **unindexed;   /* shard-named files in the folder the index does not name */
+    size_t               num_unindexed;
     /* model */
     scan_file           *files;
     size_t               num_files;
@@ -487,6 +489,47 @@ static fp4d_status list_dir_shards(scan_ctx *c)
     return st;
 }
 
+/* "<prefix>-<digits>-of-<digits>.safetensors": how transformers and huggingface_hub name the
+ * shards of one checkpoint. */
+static bool shard_named(const char *name)
+{
+    size_t n = strlen(name);
+    if (n <= 12 || strcmp(name + n - 12, ".safetensors")) return false;
+    const char *end = name + n - 12, *p = end;
+    while (p > name && p[-1] >= '0' && p[-1] <= '9') p--;
+    if (p == end || p - name < 4 || strncmp(p - 4, "-of-", 4)) return false;
+    end = p - 4;
+    p = end;
+    while (p > name && p[-1] >= '0' && p[-1] <= '9') p--;
+    return p != end && p > name && p[-1] == '-';
+}
+
+/* Shard-named files the index does not name. Other .safetensors files in the folder (a
+ * consolidated.safetensors next to the shards) stay ignored; a shard of the checkpoint's own
+ * naming that the index forgot holds tensors no loader reads, and the scan must say so
+ * (check_unindexed_shards). */
+static fp4d_status list_unindexed_shards(scan_ctx *c)
+{
+    DIR *d = opendir(c->root);
+    if (!d) return FP4D_STATUS_OK; /* the shards named by the index are still scanned */
+    struct dirent *e;
+    fp4d_status st = FP4D_STATUS_OK;
+    while (st == FP4D_STATUS_OK && (e = readdir(d))) {
+        if (!shard_named(e->d_name) || file_by_rel(c, e->d_name) >= 0) continue;
+        char **g = realloc(c->unindexed, (c->num_unindexed + 1) * sizeof *g);
+        if (!g || !(g[c->num_unindexed] = strdup(e->d_name))) {
+            if (g) c->unindexed = g;
+            st = fp4d_set_error(FP4D_STATUS_NOMEM, "out of memory");
+            break;
+        }
+        c->unindexed = g;
+        c->num_unindexed++;
+    }
+    closedir(d);
+    if (c->num_unindexed > 1) qsort(c->unindexed, c->num_unindexed, sizeof *c->unindexed, cmp_str);
+    return st;
+}
+
 static fp4d_status load_index(scan_ctx *c)
 {
     static const char index_name[] = "model.safetensors.index.json";
@@ -537,7 +580,7 @@ static fp4d_status load_index(scan_ctx *c)
         int64_t f = file_by_rel(c, json_string_value(v));
         if (f >= 0) c->files[f].index_tensors++;
     }
-    return FP4D_STATUS_OK;
+    return list_unindexed_shards(c);
 }
 
 static fp4d_status add_tensors_from_st(scan_ctx *c, int32_t fi, const fp4d_st_file *st)
@@ -717,6 +760,35 @@ static fp4d_status load_shards(scan_ctx *c)
 
 /* ---- phase 2a: the index and duplicates ---------------------------------------------------- */
 
+/* A shard the index does not name is never opened by a loader: its tensors that the index
+ * does not list either are missing from the loaded model (transformers initialises them at
+ * random, with a warning). Tensors the index does list live elsewhere; this file's copies
+ * are stale leftovers loaders never see, so they are not duplicates. Only the header is
+ * read; a file the strict reader rejects is passed over (no loader reads it either). */
+static fp4d_status check_unindexed_shards(scan_ctx *c)
+{
+    for (size_t i = 0; i < c->num_unindexed; i++) {
+        char *path = path_join(c->root, c->unindexed[i]);
+        if (!path) return fp4d_set_error(FP4D_STATUS_NOMEM, "out of memory");
+        fp4d_st_open_result res;
+        fp4d_st_file *st = fp4d_st_open(path, &res);
+        free(path);
+        if (!st && res.error == FP4D_ST_ERR_RESOURCE) return FP4D_STATUS_NOMEM; /* fp4d_last_error says why */
+        if (!st) continue;
+        fp4d_status s = FP4D_STATUS_OK;
+        for (size_t k = 0; k < fp4d_st_count(st) && s == FP4D_STATUS_OK; k++) {
+            const char *name = fp4d_st_get(st, k)->name;
+            if (json_object_get(c->weight_map, name)) continue;
+            s = add_finding(c, FP4D_FINDING_INDEX_MISSING_TENSOR, FP4D_SCAN_ERROR, name, c->unindexed[i], 1,
+                            "%s is in %s, a shard the index does not name: loaders never read it", name,
+                            c->unindexed[i]);
+        }
+        fp4d_st_close(st);
+        FP4D_FORWARD_IF_ERROR(s);
+    }
+    return FP4D_STATUS_OK;
+}
+
 typedef struct name_ref {
     const char *name;
     int32_t     file;
@@ -767,6 +839,7 @@ static fp4d_status check_index_and_duplicates(scan_ctx *c)
     free(order);
     FP4D_FORWARD_IF_ERROR(st);
     if (!c->have_index) return FP4D_STATUS_OK;
+    FP4D_FORWARD_IF_ERROR(check_unindexed_shards(c));
 
     /* Tensors in shards vs the index. */
     for (size_t i = 0; i < c->num_tensors; i++) {
@@ -952,13 +1025,36 @@ static int64_t shape_product(const int64_t *shape, int32_t n)
 
 static const char *dtype_str(fp4d_st_dtype d) { return fp4d_st_dtype_name(d); }
 
-static void shape_str(const scan_tensor *t, char *buf, size_t n)
+static void dims_str(const int64_t *d, int32_t ndim, char *buf, size_t n)
 {
     size_t o = 0;
     o += (size_t)snprintf(buf + o, n - o, "[");
-    for (int32_t i = 0; i < t->ndim && o < n; i++)
-        o += (size_t)snprintf(buf + o, n - o, "%s%lld", i ? ", " : "", (long long)t->shape[i]);
+    for (int32_t i = 0; i < ndim && o < n; i++)
+        o += (size_t)snprintf(buf + o, n - o, "%s%lld", i ? ", " : "", (long long)d[i]);
     if (o < n) snprintf(buf + o, n - o, "]");
+}
+
+static void shape_str(const scan_tensor *t, char *buf, size_t n) { dims_str(t->shape, t->ndim, buf, n); }
+
+/* Whether scales of shape s are the 128x4-swizzled layout of the linear scales `want` (spec
+ * §6): the last two dims padded to a multiple of 128 rows and 4 columns, or that buffer
+ * flattened. Checkpoints store linear scales (§7); a swizzled buffer is a kernel's layout
+ * dumped as is, and every loader swizzles again at load. Only a padded shape tells. */
+static bool swizzled_shape(const scan_tensor *s, const int64_t *want, int32_t nwant, int64_t *rp, int64_t *cp)
+{
+    if (nwant < 2 || want[nwant - 2] <= 0 || want[nwant - 1] <= 0) return false;
+    *rp = (want[nwant - 2] + 127) / 128 * 128;
+    *cp = (want[nwant - 1] + 3) / 4 * 4;
+    if (*rp == want[nwant - 2] && *cp == want[nwant - 1]) return false; /* no padding: same shape as linear */
+    if (s->ndim == nwant) {
+        for (int32_t i = 0; i + 2 < nwant; i++)
+            if (s->shape[i] != want[i]) return false;
+        return s->shape[nwant - 2] == *rp && s->shape[nwant - 1] == *cp;
+    }
+    uint64_t batch = 1, elems = 1;
+    for (int32_t i = 0; i + 2 < nwant; i++) batch *= (uint64_t)want[i];
+    for (int32_t i = 0; i < s->ndim; i++) elems *= (uint64_t)s->shape[i];
+    return s->ndim >= 1 && s->ndim < nwant && elems == batch * (uint64_t)*rp * (uint64_t)*cp;
 }
 
 /* Dtype of a global or input scale: F32 expected; another float type loses nothing a
@@ -1025,28 +1121,49 @@ static fp4d_status check_unit_structure(scan_ctx *c, scan_unit *u)
         shape_str(s, ss, sizeof ss);
         bool wok, sok;
         int64_t K = 0, G = 0;
+        /* The scale shape the packed weight implies: its leading dims and G blocks per row. */
+        int64_t want[FP4D_ST_MAX_DIMS];
+        int32_t nwant = 0;
         if (u->kind == UNIT_GPTOSS) {
             wok = w->ndim >= 2 && w->shape[w->ndim - 1] == 16;
             G = wok ? w->shape[w->ndim - 2] : 0;
-            sok = wok && s->ndim == w->ndim - 1;
-            for (int32_t i = 0; sok && i < s->ndim; i++) sok = s->shape[i] == w->shape[i];
+            nwant = wok ? w->ndim - 1 : 0;
         } else {
             K = w->ndim >= 1 ? 2 * w->shape[w->ndim - 1] : 0;
             wok = w->ndim >= 2 && K > 0 && K % u->block == 0;
             G = wok ? K / u->block : 0;
-            sok = wok && s->ndim == w->ndim && s->shape[s->ndim - 1] == G;
-            for (int32_t i = 0; sok && i + 1 < s->ndim; i++) sok = s->shape[i] == w->shape[i];
+            nwant = wok ? w->ndim : 0;
         }
+        for (int32_t i = 0; i < nwant; i++) want[i] = w->shape[i];
+        if (nwant) want[nwant - 1] = G;
+        sok = wok && s->ndim == nwant;
+        for (int32_t i = 0; sok && i < nwant; i++) sok = s->shape[i] == want[i];
         if (!wok)
             FP4D_FORWARD_IF_ERROR(add_finding(c, FP4D_FINDING_SHAPE_MISMATCH, FP4D_SCAN_ERROR, w->name, wfile, 1,
                                               "%s has shape %s: %s", w->name, ws,
                                               u->kind == UNIT_GPTOSS ? "expected [.., G, 16]"
-                                                                     : "K = 2 x last dim must be a multiple of the block size"));
-        else if (!sok)
-            FP4D_FORWARD_IF_ERROR(add_finding(c, FP4D_FINDING_SHAPE_MISMATCH, FP4D_SCAN_ERROR, s->name,
-                                              file_rel(c, s->file), 1,
-                                              "%s has shape %s; packed %s %s implies %lld scale columns (K/%lld)",
-                                              s->name, ss, w->name, ws, (long long)G, (long long)u->block));
+                                              : w->ndim < 2         ? "expected [.., rows, K/2]"
+                                                                    : "K = 2 x last dim must be a multiple of the block size"));
+        else if (!sok) {
+            /* Name the whole expected shape: the rows may be what differs (the message used to
+             * speak of columns only, also when the columns were right). */
+            char es[160];
+            int64_t rp = 0, cp = 0;
+            dims_str(want, nwant, es, sizeof es);
+            if (swizzled_shape(s, want, nwant, &rp, &cp))
+                FP4D_FORWARD_IF_ERROR(add_finding(
+                    c, FP4D_FINDING_SHAPE_MISMATCH, FP4D_SCAN_ERROR, s->name, file_rel(c, s->file), 1,
+                    "%s has shape %s: the 128x4-swizzled layout, padded to %lld rows x %lld columns (spec §6); "
+                    "packed %s %s implies linear scales %s. Checkpoints store scales linear and engines swizzle "
+                    "them at load: a kernel's buffer saved as is, which loaders reject or swizzle twice",
+                    s->name, ss, (long long)rp, (long long)cp, w->name, ws, es));
+            else
+                FP4D_FORWARD_IF_ERROR(add_finding(c, FP4D_FINDING_SHAPE_MISMATCH, FP4D_SCAN_ERROR, s->name,
+                                                  file_rel(c, s->file), 1,
+                                                  "%s has shape %s; packed %s %s implies %s (one scale per %lld "
+                                                  "elements of a row)",
+                                                  s->name, ss, w->name, ws, es, (long long)u->block));
+        }
         u->joint_ok = wok && sok;
     }
     if (scale_bytes_ok) {
@@ -2014,6 +2131,8 @@ static void ctx_free(scan_ctx *c)
     free(c->plains);
     free(c->jobs);
     json_decref(c->weight_map);
+    for (size_t i = 0; i < c->num_unindexed; i++) free(c->unindexed[i]);
+    free(c->unindexed);
     fp4d_quant_config_free(c->qc);
 }
 
@@ -2058,6 +2177,27 @@ static fp4d_status scan_run(scan_ctx *c)
     return FP4D_STATUS_OK;
 }
 
+/* Whether a file begins like a safetensors file: an 8-byte header length of 2..100,000,000
+ * bytes, then (after optional spaces) '{'. A damaged checkpoint file keeps this beginning
+ * unless the damage is in its first bytes; a README, a config, a GGUF or a pickle does not. */
+static bool begins_like_safetensors(const char *path)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0) return false;
+    uint8_t b[8 + 64];
+    ssize_t n = pread(fd, b, sizeof b, 0);
+    close(fd);
+    if (n < 9) return false;
+    uint64_t hlen = 0;
+    for (int i = 7; i >= 0; i--) hlen = (hlen << 8) | b[i];
+    if (hlen < 2 || hlen > 100000000ull) return false;
+    for (ssize_t i = 8; i < n && (uint64_t)(i - 8) < hlen; i++) {
+        if (b[i] == '{') return true;
+        if (b[i] != ' ' && b[i] != '\t' && b[i] != '\n' && b[i] != '\r') return false;
+    }
+    return false;
+}
+
 fp4d_status fp4d_scan_path(const char *path, const fp4d_scan_options *opt, fp4d_scan_report **out)
 {
     FP4D_RETURN_ERROR_IF(!path || !out, INVALID_ARG, "fp4d_scan_path: NULL argument");
@@ -2066,6 +2206,17 @@ fp4d_status fp4d_scan_path(const char *path, const fp4d_scan_options *opt, fp4d_
     FP4D_RETURN_ERROR_IF(stat(path, &sb) != 0, NOT_FOUND, "cannot read '%s': %s", path, strerror(errno));
     FP4D_RETURN_ERROR_IF(!S_ISDIR(sb.st_mode) && !S_ISREG(sb.st_mode), IO,
                          "'%s' is neither a directory nor a .safetensors file", path);
+    /* A file that is not a checkpoint at all (a README, config.json, a GGUF or .bin given by
+     * mistake) is unreadable input, not a damaged checkpoint: reporting HEADER_INVALID on it
+     * and exiting 1 blamed the user's weights for a wrong path (docs/cli.md). A file named
+     * *.safetensors, or one that begins like one, is scanned and its damage reported. */
+    if (S_ISREG(sb.st_mode)) {
+        size_t len = strlen(path);
+        bool named = len >= 12 && !strcmp(path + len - 12, ".safetensors");
+        FP4D_RETURN_ERROR_IF(!named && !begins_like_safetensors(path), IO,
+                             "'%s' is not a safetensors file (it does not begin with an 8-byte header length and "
+                             "a JSON header); give a checkpoint directory or a .safetensors file", path);
+    }
     scan_ctx c;
     memset(&c, 0, sizeof c);
     if (opt) c.opt = *opt;

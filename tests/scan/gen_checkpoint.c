@@ -8,6 +8,8 @@
  *                  [--seed S] [--zero-byte B] [--zero-fraction F] [--random-fill]
  *                  [--plant DEFECT:TENSOR[:COUNT]]...
  */
+#include <errno.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,6 +33,21 @@ static int usage(void)
     for (int d = 0; d < FP4D_DEFECT_COUNT; d++) fprintf(stderr, " %s", fp4d_ckpt_defect_name((fp4d_ckpt_defect)d));
     fputc('\n', stderr);
     return 2;
+}
+
+/* A whole decimal number in 0..INT32_MAX: atoi took "x" as 0 and wrapped 99999999999, so a
+ * typo reached the generator as some other size. */
+static bool parse_count(const char *opt, const char *v, int32_t *out)
+{
+    char *end;
+    errno = 0;
+    long long n = strtoll(v, &end, 10);
+    if (errno || end == v || *end || n < 0 || n > INT32_MAX) {
+        fprintf(stderr, "gen-checkpoint: %s '%s' is not a number in 0..%d\n", opt, v, INT32_MAX);
+        return false;
+    }
+    *out = (int32_t)n;
+    return true;
 }
 
 int main(int argc, char **argv)
@@ -57,11 +74,11 @@ int main(int argc, char **argv)
         else {
             i++;
             if (!strcmp(a, "--format")) continue;
-            else if (!strcmp(a, "--layers")) p.layers = atoi(v);
-            else if (!strcmp(a, "--hidden")) p.hidden = atoi(v);
-            else if (!strcmp(a, "--intermediate")) p.intermediate = atoi(v);
-            else if (!strcmp(a, "--experts")) p.experts = atoi(v);
-            else if (!strcmp(a, "--shards")) p.shards = atoi(v);
+            else if (!strcmp(a, "--layers")) { if (!parse_count(a, v, &p.layers)) return 2; }
+            else if (!strcmp(a, "--hidden")) { if (!parse_count(a, v, &p.hidden)) return 2; }
+            else if (!strcmp(a, "--intermediate")) { if (!parse_count(a, v, &p.intermediate)) return 2; }
+            else if (!strcmp(a, "--experts")) { if (!parse_count(a, v, &p.experts)) return 2; }
+            else if (!strcmp(a, "--shards")) { if (!parse_count(a, v, &p.shards)) return 2; }
             else if (!strcmp(a, "--seed")) p.seed = strtoull(v, NULL, 0);
             else if (!strcmp(a, "--zero-byte")) p.zero_block_byte = (int)strtol(v, NULL, 0);
             else if (!strcmp(a, "--zero-fraction")) p.zero_block_fraction = atof(v);

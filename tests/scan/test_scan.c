@@ -398,6 +398,78 @@ static void test_missing_and_truncated_shards(void **s)
     rm_tree(dir);
 }
 
+/* Copies a file byte for byte. */
+static void copy_file(const char *from, const char *to)
+{
+    FILE *a = fopen(from, "rb"), *b = fopen(to, "wb");
+    assert_non_null(a);
+    assert_non_null(b);
+    char buf[65536];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof buf, a)) > 0) assert_int_equal(fwrite(buf, 1, n, b), n);
+    fclose(a);
+    assert_int_equal(fclose(b), 0);
+}
+
+/* A shard of the checkpoint's own naming that the index does not name: loaders never open it,
+ * so its tensors the index lacks are missing from the model. The scan used to ignore the file
+ * and call the checkpoint clean. Stale copies of indexed tensors, and a differently named file
+ * (consolidated.safetensors), stay quiet. */
+static void test_shard_not_in_index(void **s)
+{
+    (void)s;
+    const char *shard2 = "model-00002-of-00002.safetensors";
+    char *dir = make_tmpdir();
+    fp4d_ckpt_gen_params p;
+    fp4d_ckpt_gen_defaults(&p, FP4D_CKPT_MODELOPT_NVFP4);
+    assert_int_equal(fp4d_ckpt_generate(dir, &p), FP4D_STATUS_OK);
+    char path[4096], path2[4096];
+
+    /* A leftover of an earlier export: copies of indexed tensors, and a consolidated file. */
+    snprintf(path, sizeof path, "%s/%s", dir, shard2);
+    snprintf(path2, sizeof path2, "%s/model-00003-of-00003.safetensors", dir);
+    copy_file(path, path2);
+    snprintf(path2, sizeof path2, "%s/consolidated.safetensors", dir);
+    copy_file(path, path2);
+    fp4d_scan_report *r = scan(dir, false);
+    assert_findings(r, NULL, 0);
+    fp4d_scan_report_free(r);
+    snprintf(path2, sizeof path2, "%s/model-00003-of-00003.safetensors", dir);
+    assert_int_equal(unlink(path2), 0);
+
+    /* The index forgets shard 2: every tensor in it is reported, naming the shard. */
+    snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
+    json_t *root = json_load_file(path, 0, NULL);
+    assert_non_null(root);
+    json_t *wm = json_object_get(root, "weight_map");
+    const char *k;
+    json_t *v;
+    void *tmp;
+    json_object_foreach_safe(wm, tmp, k, v) if (!strcmp(json_string_value(v), shard2)) json_object_del(wm, k);
+    assert_int_equal(json_dump_file(root, path, 0), 0);
+    json_decref(root);
+    snprintf(path, sizeof path, "%s/%s", dir, shard2);
+    fp4d_st_open_result res;
+    fp4d_st_file *f = fp4d_st_open(path, &res);
+    assert_non_null(f);
+    size_t n = fp4d_st_count(f);
+    assert_true(n > 10);
+    expect *e = calloc(n, sizeof *e);
+    assert_non_null(e);
+    for (size_t i = 0; i < n; i++) e[i] = (expect){FP4D_FINDING_INDEX_MISSING_TENSOR, fp4d_st_get(f, i)->name, 1};
+    r = scan(dir, false);
+    assert_findings(r, e, n);
+    for (size_t i = 0; i < fp4d_scan_report_count(r); i++) {
+        const fp4d_scan_finding *fd = fp4d_scan_report_get(r, i);
+        assert_string_equal(fd->file, shard2);
+        assert_int_equal(fd->severity, FP4D_SCAN_ERROR);
+    }
+    fp4d_scan_report_free(r);
+    fp4d_st_close(f);
+    free(e);
+    rm_tree(dir);
+}
+
 static void test_bad_headers(void **s)
 {
     (void)s;
@@ -450,6 +522,51 @@ static void test_quant_config(void **s)
     fp4d_quant_config_free(c);
     assert_int_equal(fp4d_quant_config_parse("{\"a\":", 5, "config.json", &c), FP4D_STATUS_PARSE);
     assert_null(c);
+}
+
+/* ---- the generator ---------------------------------------------------------------------------------- */
+
+/* Sizes the generator cannot write are refused up front with the numbers, and nothing is
+ * written: it used to write random-fill tensors until the disk was full (or wrap overflowing
+ * sizes into a corrupt header). */
+static void test_generator_refuses_huge_sizes(void **s)
+{
+    (void)s;
+    char *parent = make_tmpdir();
+    char dir[4200];
+    snprintf(dir, sizeof dir, "%s/ck", parent);
+    static const struct {
+        fp4d_ckpt_format format;
+        int32_t          hidden, experts, layers;
+        bool             random_fill;
+        fp4d_status      st;
+        const char      *says;
+    } cases[] = {
+        /* 2^30 x 2^30 bf16/packed tensors: exabytes, more than any disk has free */
+        {FP4D_CKPT_MODELOPT_NVFP4, 1 << 30, 0, 1, true, FP4D_STATUS_IO, "GB free"},
+        /* the same quantized in memory: more than the machine holds */
+        {FP4D_CKPT_MODELOPT_NVFP4, 1 << 30, 0, 1, false, FP4D_STATUS_INVALID_ARG, "random fill"},
+        /* sizes past 2^63 bytes: not even a file offset */
+        {FP4D_CKPT_GPTOSS_MXFP4, 2147483616, 60000, 1, true, FP4D_STATUS_INVALID_ARG, "2^63"},
+        /* more tensors than a plan holds */
+        {FP4D_CKPT_GPTOSS_MXFP4, 64, 1000000, 10, true, FP4D_STATUS_INVALID_ARG, "tensors"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        fp4d_ckpt_gen_params p;
+        fp4d_ckpt_gen_defaults(&p, cases[i].format);
+        p.hidden = p.intermediate = cases[i].hidden;
+        if (cases[i].experts) p.experts = cases[i].experts;
+        p.layers = cases[i].layers;
+        p.shards = 1;
+        p.random_fill = cases[i].random_fill;
+        fp4d_status st = fp4d_ckpt_generate(dir, &p);
+        print_message("case %zu: %s\n", i, st ? fp4d_last_error() : "generated");
+        assert_int_equal(st, cases[i].st);
+        assert_non_null(strstr(fp4d_last_error(), cases[i].says));
+        struct stat sb;
+        assert_int_not_equal(stat(dir, &sb), 0); /* nothing written, not even the folder */
+    }
+    rm_tree(parent);
 }
 
 /* ---- the CLI ---------------------------------------------------------------------------------------- */
@@ -607,8 +724,10 @@ int main(void)
         cmocka_unit_test(test_exclusions),
         cmocka_unit_test(test_index),
         cmocka_unit_test(test_missing_and_truncated_shards),
+        cmocka_unit_test(test_shard_not_in_index),
         cmocka_unit_test(test_bad_headers),
         cmocka_unit_test(test_quant_config),
+        cmocka_unit_test(test_generator_refuses_huge_sizes),
         cmocka_unit_test(test_cli_exit_codes),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -257,6 +257,109 @@ static void test_descriptor_limit_is_not_a_finding(void **s)
     assert_int_equal(WEXITSTATUS(st), 0);
 }
 
+/* Writes text as DIR/name. */
+static char *write_text(const char *name, const char *text)
+{
+    static char path[8400];
+    snprintf(path, sizeof path, "%s/%s", tmpdir, name);
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    fputs(text, f);
+    fclose(f);
+    return path;
+}
+
+/* A file that is not a checkpoint at all is unreadable input (exit 3), not a damaged
+ * checkpoint: it used to be scanned as one (HEADER_INVALID or FILE_TRUNCATED, exit 1), blaming
+ * the user's weights for a wrong path. A .safetensors file that is damaged is still a finding,
+ * and a valid safetensors file is scanned whatever its name. */
+static void test_not_a_checkpoint_file(void **s)
+{
+    (void)s;
+    static const char readme[] = "# my model\n\nNVFP4 weights, see config.json for details.\n";
+    static const char *const not_ckpt[][2] = {
+        {"README.md", readme},
+        {"config.json", "{\"hidden_size\": 64, \"quantization_config\": {\"quant_method\": \"modelopt\"}}"},
+        {"notes.txt", "hi\n"},                   /* shorter than a length field */
+        {"model.gguf", "GGUF\x03\x00\x00\x00\x10"}, /* another format's magic */
+    };
+    for (size_t i = 0; i < sizeof not_ckpt / sizeof not_ckpt[0]; i++) {
+        char *p = write_text(not_ckpt[i][0], not_ckpt[i][1]);
+        fp4d_scan_report *r = NULL;
+        fp4d_status st = fp4d_scan_path(p, NULL, &r);
+        if (st == FP4D_STATUS_OK) print_message("%s was scanned as a checkpoint\n", not_ckpt[i][0]);
+        assert_int_equal(st, FP4D_STATUS_IO);
+        assert_null(r);
+        assert_non_null(strstr(fp4d_last_error(), "not a safetensors file"));
+    }
+    /* The same bytes under a checkpoint's name: a damaged checkpoint file, reported. */
+    fp4d_scan_report *r = scan_one(write_text("readme.safetensors", readme));
+    assert_single(r, FP4D_FINDING_HEADER_INVALID, NULL, 1);
+    fp4d_scan_report_free(r);
+    r = scan_one(write_text("short.safetensors", "hi\n"));
+    assert_single(r, FP4D_FINDING_FILE_TRUNCATED, NULL, 0);
+    fp4d_scan_report_free(r);
+    /* A safetensors file under another name, valid or damaged after its first bytes: scanned. */
+    const char *good = H2("\"data_offsets\":[0,8]", "\"data_offsets\":[8,16]");
+    r = scan_one(write_st("weights.bin", good, ~0ull, 16, ~0ull));
+    assert_int_equal(fp4d_scan_report_count(r), 0);
+    fp4d_scan_report_free(r);
+    r = scan_one(write_st("cut.bin", good, ~0ull, 16, 8 + strlen(good) + 12));
+    assert_single(r, FP4D_FINDING_FILE_TRUNCATED, "b", 1);
+    fp4d_scan_report_free(r);
+    /* And the CLI says so with exit 3. */
+    const char *bin = getenv("FP4DOCTOR_BIN");
+    if (bin) {
+        char cmd[9000];
+        snprintf(cmd, sizeof cmd, "%s scan %s/README.md >/dev/null 2>&1", bin, tmpdir);
+        int rc = system(cmd);
+        assert_true(WIFEXITED(rc));
+        assert_int_equal(WEXITSTATUS(rc), 3);
+    }
+}
+
+/* Scale shapes that disagree with the packed weight: the message names the whole expected
+ * shape (it spoke of "N scale columns" also when only the rows differed), and recognises the
+ * padded 128x4-swizzled layout (spec §6), which is a kernel's buffer, not a checkpoint's. */
+static void test_scale_shape_messages(void **s)
+{
+    (void)s;
+    static const struct {
+        const char *scale_shape; /* JSON shape of m.weight_scale */
+        unsigned    bytes;
+        const char *want;        /* in the message */
+    } cases[] = {
+        {"[128,4]", 512, "swizzled"},   /* 100 rows padded to 128 */
+        {"[512]", 512, "swizzled"},     /* the same buffer, flat */
+        {"[100,8]", 800, "implies [100, 4]"},
+        {"[50,4]", 200, "implies [100, 4]"},
+        {"[100,4,1]", 400, "implies [100, 4]"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char h[600], name[64];
+        snprintf(h, sizeof h,
+                 "{\"m.weight\":{\"dtype\":\"U8\",\"shape\":[100,32],\"data_offsets\":[0,3200]},"
+                 "\"m.weight_scale\":{\"dtype\":\"F8_E4M3\",\"shape\":%s,\"data_offsets\":[3200,%u]},"
+                 "\"m.weight_scale_2\":{\"dtype\":\"F32\",\"shape\":[],\"data_offsets\":[%u,%u]}}",
+                 cases[i].scale_shape, 3200 + cases[i].bytes, 3200 + cases[i].bytes, 3204 + cases[i].bytes);
+        snprintf(name, sizeof name, "shape%zu.safetensors", i);
+        char *p = write_st(name, h, ~0ull, 0, ~0ull);
+        /* codes and scales 0x11 (finite), weight_scale_2 = 0.001 */
+        FILE *f = fopen(p, "ab");
+        assert_non_null(f);
+        for (unsigned b = 0; b < 3200 + cases[i].bytes; b++) fputc(0x11, f);
+        const float g = 0.001f;
+        fwrite(&g, 4, 1, f);
+        fclose(f);
+        fp4d_scan_report *r = scan_one(p);
+        assert_single(r, FP4D_FINDING_SHAPE_MISMATCH, "m.weight_scale", 1);
+        const char *msg = fp4d_scan_report_get(r, 0)->message;
+        if (!strstr(msg, cases[i].want)) fail_msg("shape %s: '%s' not in: %s", cases[i].scale_shape, cases[i].want, msg);
+        if (strcmp(cases[i].want, "swizzled") && strstr(msg, "swizzled")) fail_msg("not swizzled: %s", msg);
+        fp4d_scan_report_free(r);
+    }
+}
+
 static void test_folders(void **s)
 {
     (void)s;
@@ -311,6 +414,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_header_rules),
         cmocka_unit_test(test_folders),
+        cmocka_unit_test(test_not_a_checkpoint_file),
+        cmocka_unit_test(test_scale_shape_messages),
         cmocka_unit_test(test_codes_typed_f4),
         cmocka_unit_test(test_hostile_names_in_messages),
         cmocka_unit_test(test_descriptor_limit_is_not_a_finding),
