@@ -44,7 +44,7 @@ extern "C" {
     X(OK,             0, "the expected answer, well formed")                                   \
     X(HTTP_ERROR,     1, "HTTP status other than 2xx, an error object, or no connection")      \
     X(TIMEOUT,        1, "no complete response within --timeout")                              \
-    X(MALFORMED,      1, "unparseable JSON body or SSE stream")                                \
+    X(MALFORMED,      1, "unparseable JSON body or SSE stream, or a field of the wrong type")  \
     X(NAN_STOP,       1, "matched_stop \"NaN happened\" or a finish reason reporting NaN")     \
     X(DEGENERATE,     1, "one character or short n-gram repeated, or near-zero entropy")       \
     X(EMPTY,          1, "no content and no reasoning")                                        \
@@ -168,7 +168,9 @@ void fp4d_probe_options_init(fp4d_probe_options *o);
  * How the budget concurrency x rounds is split: phase 1 sends
  * min(prompt count, max(1, budget - concurrency)) prompts one at a time, phase 2 sends the
  * rest (budget - phase 1) with `concurrency` in flight. So phase 2 always gets at least one
- * full window when rounds >= 2, and the total never exceeds the budget.
+ * full window when rounds >= 2, and the total never exceeds the budget. A budget above
+ * UINT_MAX (any unsigned inputs are accepted) counts as UINT_MAX, so *phase1 + *phase2 never
+ * overflows an unsigned.
  */
 void fp4d_probe_plan(unsigned concurrency, unsigned rounds, unsigned *phase1, unsigned *phase2);
 

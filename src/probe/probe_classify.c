@@ -184,12 +184,39 @@ typedef struct parsed {
     char     matched_stop[64];
     char     error[160];
     bool     has_error;
+    char     bad_type[96]; /* the first field of a type no server sends ("choices[0].message.content
+                            * is a number"): a protocol bug, not the model's empty answer */
     bool     nomem;
 } parsed;
 
-static void append_json_text(parsed *p, fp4d_buf *dst, bool *present, json_t *v)
+static const char *json_type_name(const json_t *v)
+{
+    switch (json_typeof(v)) {
+    case JSON_OBJECT: return "an object";
+    case JSON_ARRAY: return "an array";
+    case JSON_STRING: return "a string";
+    case JSON_INTEGER:
+    case JSON_REAL: return "a number";
+    case JSON_TRUE:
+    case JSON_FALSE: return "a boolean";
+    default: return "null";
+    }
+}
+
+/* Notes the first field whose type is wrong: `what` is the field's path, `v` its value. */
+static void bad_type(parsed *p, const char *what, const json_t *v, const char *expected)
+{
+    if (!p->bad_type[0])
+        snprintf(p->bad_type, sizeof p->bad_type, "%s is %s, not %s", what, json_type_name(v), expected);
+}
+
+static void append_json_text(parsed *p, fp4d_buf *dst, bool *present, json_t *v, const char *what)
 {
     if (!v || json_is_null(v)) return;
+    if (!json_is_string(v) && !json_is_array(v)) {
+        bad_type(p, what, v, "a string");
+        return;
+    }
     if (json_is_string(v)) {
         *present = true;
         if (!fp4d_buf_append(dst, json_string_value(v), json_string_length(v))) p->nomem = true;
@@ -242,21 +269,43 @@ static void read_object(parsed *p, json_t *root, fp4d_probe_api api, bool stream
 {
     read_error_object(p, root);
     json_t *choices = json_object_get(root, "choices");
-    json_t *choice = json_is_array(choices) ? json_array_get(choices, 0) : NULL;
-    if (!json_is_object(choice)) return;
+    if (choices && !json_is_null(choices) && !json_is_array(choices)) {
+        bad_type(p, "choices", choices, "an array");
+        return;
+    }
+    json_t *choice = json_array_get(choices, 0);
+    if (choice && !json_is_object(choice)) {
+        bad_type(p, "choices[0]", choice, "an object");
+        return;
+    }
+    if (!choice) return;
     p->has_choice = true;
+    const char *msg_name = stream ? "delta" : "message";
     json_t *msg = NULL;
-    if (api == FP4D_PROBE_API_CHAT)
-        msg = json_object_get(choice, stream ? "delta" : "message");
+    if (api == FP4D_PROBE_API_CHAT) {
+        msg = json_object_get(choice, msg_name);
+        if (msg && !json_is_null(msg) && !json_is_object(msg)) {
+            char what[32];
+            snprintf(what, sizeof what, "choices[0].%s", msg_name);
+            bad_type(p, what, msg, "an object");
+        }
+    }
     if (api == FP4D_PROBE_API_COMPLETIONS || !json_is_object(msg)) msg = choice;
-    if (api == FP4D_PROBE_API_COMPLETIONS)
-        append_json_text(p, &p->content, &p->content_present, json_object_get(choice, "text"));
-    else
-        append_json_text(p, &p->content, &p->content_present, json_object_get(msg, "content"));
+    /* Field paths for the messages about a wrong type. */
+    char where[64], field[96];
+    snprintf(where, sizeof where, "choices[0]%s%s", msg == choice ? "" : ".", msg == choice ? "" : msg_name);
+    if (api == FP4D_PROBE_API_COMPLETIONS) {
+        append_json_text(p, &p->content, &p->content_present, json_object_get(choice, "text"), "choices[0].text");
+    } else {
+        snprintf(field, sizeof field, "%s.content", where);
+        append_json_text(p, &p->content, &p->content_present, json_object_get(msg, "content"), field);
+    }
     /* Reasoning parsers use either name (SGLang/vLLM: reasoning_content; newer vLLM and
      * others: reasoning). */
-    append_json_text(p, &p->reasoning, &p->reasoning_present, json_object_get(msg, "reasoning_content"));
-    append_json_text(p, &p->reasoning, &p->reasoning_present, json_object_get(msg, "reasoning"));
+    snprintf(field, sizeof field, "%s.reasoning_content", where);
+    append_json_text(p, &p->reasoning, &p->reasoning_present, json_object_get(msg, "reasoning_content"), field);
+    snprintf(field, sizeof field, "%s.reasoning", where);
+    append_json_text(p, &p->reasoning, &p->reasoning_present, json_object_get(msg, "reasoning"), field);
     read_stop_fields(p, choice);
 }
 
@@ -424,6 +473,10 @@ fp4d_status fp4d_probe_classify(const char *body, size_t len, int http_status, b
     }
     if (!parsed_ok) {
         set_class(o, FP4D_PROBE_MALFORMED, "%s", why);
+        goto out;
+    }
+    if (p.bad_type[0]) {
+        set_class(o, FP4D_PROBE_MALFORMED, "%s", p.bad_type);
         goto out;
     }
     if (!p.has_choice) {

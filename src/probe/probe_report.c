@@ -51,6 +51,15 @@ static unsigned total(const fp4d_probe_report *r, unsigned mask, fp4d_probe_clas
     return n;
 }
 
+/* Completed responses of `phase` (1 or 2) with HTTP status `status`. */
+static unsigned status_count(const fp4d_probe_report *r, unsigned phase, int status)
+{
+    unsigned n = 0;
+    for (size_t i = 0; i < r->n_records; i++)
+        if (r->records[i].phase == phase && r->records[i].http_status == status) n++;
+    return n;
+}
+
 void fp4d_probe_write_hint(fp4d_probe_report *r)
 {
     text t = {r->hint, sizeof r->hint, 0};
@@ -86,16 +95,39 @@ void fp4d_probe_write_hint(fp4d_probe_report *r)
                     "every request), then run `fp4doctor check` on this GPU.");
         break;
     }
-    case FP4D_PROBE_VERDICT_BROKEN_UNDER_CONCURRENCY:
+    case FP4D_PROBE_VERDICT_BROKEN_UNDER_CONCURRENCY: {
         add(&t, "No NaN or garbage one request at a time, but with up to %u requests in flight: ",
             p2->max_in_flight);
         add_classes(&t, r, 2u, -1);
-        add(&t, ". A batch-composition-dependent kernel fault (a race, or a tile choice that depends on "
+        add(&t, ". ");
+        unsigned transport = p2->counts[FP4D_PROBE_HTTP_ERROR] + p2->counts[FP4D_PROBE_TIMEOUT] +
+                             p2->counts[FP4D_PROBE_MALFORMED];
+        if (transport == p2->completed - p2->counts[FP4D_PROBE_OK]) {
+            /* No answer came back wrong, some did not come back: a rate limit, a full queue or
+             * a timeout too short for the queueing is as likely as a kernel, so say which. */
+            unsigned busy = status_count(r, 2, 429), unavailable = status_count(r, 2, 503);
+            add(&t, "The server fails requests only under load (HTTP errors, timeouts or malformed responses, "
+                    "no wrong or garbage answer), which is not by itself a kernel fault.");
+            if (busy)
+                add(&t, " HTTP 429 (x%u) is a rate limit or a full request queue: probe with a --concurrency the "
+                        "server admits (SGLang --max-running-requests, vLLM --max-num-seqs) or raise its limit.",
+                    busy);
+            if (unavailable)
+                add(&t, " HTTP 503 (x%u): the server is overloaded or not ready; lower --concurrency.", unavailable);
+            if (p2->counts[FP4D_PROBE_TIMEOUT])
+                add(&t, " A timeout under load can be queueing: raise --timeout or lower --concurrency.");
+            add(&t, " Read the server log: if the engine hit a CUDA error under load (which a batch-dependent "
+                    "FP4 kernel fault can cause), try another FP4 GEMM/MoE backend and run `fp4doctor check` "
+                    "on this GPU.");
+            break;
+        }
+        add(&t, "A batch-composition-dependent kernel fault (a race, or a tile choice that depends on "
                 "the number of rows, as in FlashInfer #2708 and SGLang #20043). Try another FP4 GEMM/MoE "
                 "backend: SGLang --fp4-gemm-backend (e.g. flashinfer_cudnn) and --moe-runner-backend; vLLM "
                 "--linear-backend and --moe-backend (e.g. marlin). Wipe the FlashInfer JIT cache after "
                 "changing versions, then run `fp4doctor check` on this GPU.");
         break;
+    }
     case FP4D_PROBE_VERDICT_DEGRADED: {
         add(&t, "No NaN and no garbage, but degraded answers (");
         add_classes(&t, r, 3u, 0);

@@ -12,11 +12,14 @@
  *   checked every 100 ms.
  */
 #include <ctype.h>
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+
+#include <sys/resource.h>
 
 #include <curl/curl.h>
 #include <jansson.h>
@@ -54,6 +57,10 @@ void fp4d_probe_options_init(fp4d_probe_options *o)
 void fp4d_probe_plan(unsigned concurrency, unsigned rounds, unsigned *phase1, unsigned *phase2)
 {
     unsigned long long budget = (unsigned long long)concurrency * rounds;
+    /* The counts are unsigned and callers add them: past UINT_MAX, phase 2 would wrap
+     * ((unsigned)(budget - p1)) and plan far fewer requests than the budget, or the sum would
+     * overflow. Cap the budget instead; fp4d_probe_run's limits stay far below it. */
+    if (budget > UINT_MAX) budget = UINT_MAX;
     unsigned long long p1 = 0;
     if (budget > 0) {
         unsigned long long rest = budget > concurrency ? budget - concurrency : 0;
@@ -505,6 +512,16 @@ static const char *done_generation(probe_ctx *c, xfer *x, CURLcode rc, void *var
         }
     }
 
+    char *location = NULL;
+    if (oc.cls == FP4D_PROBE_HTTP_ERROR && status >= 300 && status < 400 &&
+        curl_easy_getinfo(x->easy, CURLINFO_REDIRECT_URL, &location) == CURLE_OK && location) {
+        /* Redirects are not followed (each would be a request outside the bound); "HTTP 307"
+         * alone does not tell the user that the URL is what needs changing. */
+        char msg[sizeof oc.detail];
+        snprintf(msg, sizeof msg, "HTTP %ld: redirect to %.110s (not followed: probe that URL)", status, location);
+        fp4d_probe_copy(oc.detail, sizeof oc.detail, msg);
+    }
+
     if ((oc.cls == FP4D_PROBE_OK || oc.cls == FP4D_PROBE_WRONG_ANSWER) && oc.content) {
         uint64_t h = text_hash(oc.content);
         if (c->answers_seen++ == 0) {
@@ -654,21 +671,69 @@ static void decide(fp4d_probe_report *r, bool strict_answers, bool canned)
 
 /* ---- entry point ---------------------------------------------------------------------------- */
 
+/* curl's reason for refusing a URL (curl_url_strerror is 7.80 or newer). */
+static const char *url_error(CURLUcode uc)
+{
+#if LIBCURL_VERSION_NUM >= 0x075000
+    return curl_url_strerror(uc);
+#else
+    (void)uc;
+    return "not a valid URL";
+#endif
+}
+
+/* The URL as given for an error message, without its user:password@ (everything up to the
+ * last '@' of the authority): a URL that fails to parse must not put the password on the
+ * terminal or in a log either. `out` gets a truncated copy when it is too small. */
+static void url_for_message(char *out, size_t cap, const char *url)
+{
+    const char *sep = strstr(url, "://");
+    size_t start = sep ? (size_t)(sep - url) + 3 : 0;
+    size_t end = start + strcspn(url + start, "/?#");
+    size_t at = 0;
+    for (size_t i = start; i < end; i++)
+        if (url[i] == '@') at = i + 1;
+    if (!at) {
+        fp4d_probe_copy(out, cap, url);
+        return;
+    }
+    snprintf(out, cap, "%.*s%s", (int)start, url, url + at);
+}
+
 /* Base URL for requests, and a copy for display without user:password. */
 static fp4d_status parse_url(probe_ctx *c, const char *url)
 {
     CURLU *u = curl_url();
     FP4D_RETURN_ERROR_IF(!u, NOMEM, "out of memory");
-    char *scheme = NULL, *host = NULL, *path = NULL, *full = NULL, *shown = NULL;
+    char *scheme = NULL, *host = NULL, *port = NULL, *path = NULL, *full = NULL, *shown = NULL;
+    char said[512];
+    url_for_message(said, sizeof said, url);
     fp4d_status st = FP4D_STATUS_OK;
-    if (curl_url_set(u, CURLUPART_URL, url, 0) != CURLUE_OK) {
-        st = fp4d_set_error(FP4D_STATUS_INVALID_ARG, "'%s' is not a URL (expected http://HOST:PORT)", url);
+    CURLUcode uc = curl_url_set(u, CURLUPART_URL, url, 0);
+    if (uc == CURLUE_BAD_PORT_NUMBER) {
+        st = fp4d_set_error(FP4D_STATUS_INVALID_ARG, "'%s': the port must be a number in 1..65535", said);
+        goto out;
+    }
+    if (uc != CURLUE_OK && !strstr(url, "://")) {
+        /* "localhost:30000" reads to curl as the scheme "localhost": say what is missing. */
+        st = fp4d_set_error(FP4D_STATUS_INVALID_ARG, "'%s' is not a URL: put http:// or https:// in front of it",
+                            said);
+        goto out;
+    }
+    if (uc != CURLUE_OK) {
+        st = fp4d_set_error(FP4D_STATUS_INVALID_ARG, "'%s' is not a URL: %s (expected http://HOST:PORT)", said,
+                            url_error(uc));
         goto out;
     }
     curl_url_get(u, CURLUPART_SCHEME, &scheme, 0);
     curl_url_get(u, CURLUPART_HOST, &host, 0);
     if (!scheme || (strcmp(scheme, "http") && strcmp(scheme, "https")) || !host) {
-        st = fp4d_set_error(FP4D_STATUS_INVALID_ARG, "'%s': only http:// and https:// URLs can be probed", url);
+        st = fp4d_set_error(FP4D_STATUS_INVALID_ARG, "'%s': only http:// and https:// URLs can be probed", said);
+        goto out;
+    }
+    /* curl accepts port 0, which no server listens on: a typo, not an unreachable server. */
+    if (curl_url_get(u, CURLUPART_PORT, &port, 0) == CURLUE_OK && port && strtoul(port, NULL, 10) == 0) {
+        st = fp4d_set_error(FP4D_STATUS_INVALID_ARG, "'%s': the port must be a number in 1..65535", said);
         goto out;
     }
     /* Drop query and fragment; strip trailing '/' and a final "/v1" (people paste the
@@ -686,7 +751,7 @@ static fp4d_status parse_url(probe_ctx *c, const char *url)
     }
     curl_url_set(u, CURLUPART_PATH, pl ? path : "/", 0);
     if (curl_url_get(u, CURLUPART_URL, &full, 0) != CURLUE_OK) {
-        st = fp4d_set_error(FP4D_STATUS_INVALID_ARG, "'%s' is not a usable URL", url);
+        st = fp4d_set_error(FP4D_STATUS_INVALID_ARG, "'%s' is not a usable URL", said);
         goto out;
     }
     size_t fl = strlen(full);
@@ -703,11 +768,45 @@ static fp4d_status parse_url(probe_ctx *c, const char *url)
 out:
     curl_free(scheme);
     curl_free(host);
+    curl_free(port);
     curl_free(path);
     curl_free(full);
     curl_free(shown);
     curl_url_cleanup(u);
     return st;
+}
+
+/*
+ * Every transfer in flight holds a socket, and while its host name resolves also curl's
+ * resolver socket pair. Under the common soft limit of 1024 open files, --concurrency 2000
+ * made hundreds of connects fail inside this process ("Couldn't connect to server"), which
+ * the report then blamed on the server as a batch-dependent fault. So: raise the soft limit
+ * toward what the window needs (up to the hard limit; *saved gets the old one, to put back
+ * after the probe), and refuse a window that even the hard limit cannot hold.
+ */
+static fp4d_status ensure_open_files(unsigned concurrency, struct rlimit *saved, bool *raised)
+{
+    *raised = false;
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0) return FP4D_STATUS_OK; /* unknown: let curl try */
+    rlim_t want = 2 * (rlim_t)concurrency + 64, need = (rlim_t)concurrency + 32;
+    if (rl.rlim_cur == RLIM_INFINITY || rl.rlim_cur >= want) return FP4D_STATUS_OK;
+    rlim_t to = (rl.rlim_max == RLIM_INFINITY || rl.rlim_max >= want) ? want : rl.rlim_max;
+    if (to > rl.rlim_cur) {
+        struct rlimit more = {to, rl.rlim_max};
+        if (setrlimit(RLIMIT_NOFILE, &more) == 0) {
+            *saved = rl;
+            *raised = true;
+            rl.rlim_cur = to;
+        }
+    }
+    if (rl.rlim_cur < need)
+        return fp4d_set_error(FP4D_STATUS_INVALID_ARG,
+                              "--concurrency %u needs at least %llu open files, but this process may open only %llu "
+                              "(hard limit %llu): lower --concurrency, or raise the limit (ulimit -n)",
+                              concurrency, (unsigned long long)need, (unsigned long long)rl.rlim_cur,
+                              (unsigned long long)rl.rlim_max);
+    return FP4D_STATUS_OK;
 }
 
 fp4d_status fp4d_probe_run(const fp4d_probe_options *o, fp4d_probe_report **out)
@@ -726,8 +825,17 @@ fp4d_status fp4d_probe_run(const fp4d_probe_options *o, fp4d_probe_report **out)
     FP4D_RETURN_ERROR_IF(o->api != FP4D_PROBE_API_CHAT && o->api != FP4D_PROBE_API_COMPLETIONS,
                          INVALID_ARG, "unknown API");
     FP4D_RETURN_ERROR_IF(fp4d_probe_prompt_count() == 0, NOMEM, "out of memory building the prompt set");
-    FP4D_RETURN_ERROR_IF(curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK, INTERNAL,
-                         "libcurl failed to initialise");
+    struct rlimit saved_files;
+    bool files_raised = false;
+    fp4d_status fst = ensure_open_files(o->concurrency, &saved_files, &files_raised);
+    if (fst != FP4D_STATUS_OK) {
+        if (files_raised) setrlimit(RLIMIT_NOFILE, &saved_files);
+        return fst;
+    }
+    if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK) {
+        if (files_raised) setrlimit(RLIMIT_NOFILE, &saved_files);
+        return fp4d_set_error(FP4D_STATUS_INTERNAL, "libcurl failed to initialise");
+    }
 
     fp4d_probe_report *r = calloc(1, sizeof *r);
     probe_ctx c = {.o = o, .r = r, .t0 = fp4d_now_s()};
@@ -803,6 +911,8 @@ done:
     if (c.headers) curl_slist_free_all(c.headers);
     free(c.base);
     curl_global_cleanup();
+    /* Every socket of the probe is closed by now: the caller's limit holds again. */
+    if (files_raised) setrlimit(RLIMIT_NOFILE, &saved_files);
     if (st != FP4D_STATUS_OK) {
         fp4d_probe_report_free(r);
         return st;

@@ -242,6 +242,26 @@ static enum MHD_Result answer_completion(fake_server *s, struct MHD_Connection *
         leave_flight(s, rc);
         json_decref(req);
         return MHD_NO; /* woken by stop: just close */
+    case FAKE_BUSY_WHEN_CONCURRENT:
+        if (!crowded) break;
+        pthread_mutex_lock(&s->lock);
+        s->stats.garbage_answers++;
+        pthread_mutex_unlock(&s->lock);
+        leave_flight(s, rc);
+        json_decref(req);
+        return send_json(c, 429, json_pack("{s:{s:s, s:s}}", "error", "message", "Too many requests in flight",
+                                           "type", "rate_limit_exceeded"));
+    case FAKE_REDIRECT: {
+        leave_flight(s, rc);
+        json_decref(req);
+        struct MHD_Response *r = MHD_create_response_from_buffer(strlen("Temporary Redirect"),
+                                                                 (void *)"Temporary Redirect", MHD_RESPMEM_PERSISTENT);
+        if (!r) return MHD_NO;
+        MHD_add_response_header(r, "Location", "http://127.0.0.1:1/moved/v1/chat/completions");
+        enum MHD_Result ok = MHD_queue_response(c, 307, r);
+        MHD_destroy_response(r);
+        return ok;
+    }
     case FAKE_HTTP_500:
         leave_flight(s, rc);
         json_decref(req);

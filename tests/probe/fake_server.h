@@ -18,6 +18,9 @@ typedef enum fake_behavior {
     FAKE_GARBAGE_WHEN_CONCURRENT, /* healthy alone; `!!!!` garbage when > 1 request in flight */
     FAKE_NAN_WHEN_CONCURRENT,   /* healthy alone; NaN stop when > 1 request in flight */
     FAKE_WRONG_WHEN_CONCURRENT, /* healthy alone; fluent wrong answers when > 1 in flight */
+    FAKE_BUSY_WHEN_CONCURRENT,  /* healthy alone; HTTP 429 (error object) when > 1 in flight:
+                                   a rate limit, not a kernel fault */
+    FAKE_REDIRECT,              /* completions: 307 to http://127.0.0.1:1/moved/v1/... */
     FAKE_HTTP_500,              /* HTTP 500 with an OpenAI error object */
     FAKE_MALFORMED_JSON,        /* 200 with a body cut in the middle of the JSON */
     FAKE_SSE_BAD_EVENT,         /* stream: one good event, then "data: {not json" */

@@ -1,5 +1,6 @@
 /* Classification of canned response bodies, the prompt set, the degenerate-text test and
  * the request plan of the endpoint probe (no network). */
+#include <limits.h>
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -176,6 +177,58 @@ static void test_errors_and_malformed(void **state)
     expect_class("{\"object\":\"chat.completion\"}", 200, false, FP4D_PROBE_MALFORMED);
     expect_class("{\"choices\":[]}", 200, false, FP4D_PROBE_MALFORMED);
     expect_class("", 200, false, FP4D_PROBE_MALFORMED);
+}
+
+/* Fields of the wrong JSON type are a malformed response, not the model's empty answer: EMPTY
+ * sends the user to the kernels and the weights, while a content of 42 (a number) or a message
+ * that is a string is the server's protocol bug. They used to be EMPTY. Null stays EMPTY. */
+static void expect_malformed_type(const char *body, bool stream, fp4d_probe_api api, const char *field)
+{
+    fp4d_probe_outcome o;
+    assert_int_equal(fp4d_probe_classify(body, strlen(body), 200, stream, api, NULL, &o), FP4D_STATUS_OK);
+    if (o.cls != FP4D_PROBE_MALFORMED || !strstr(o.detail, field))
+        fail_msg("expected MALFORMED naming %s, got %s (%s) for body: %s", field, fp4d_probe_class_name(o.cls),
+                 o.detail, body);
+    fp4d_probe_outcome_free(&o);
+}
+
+static void test_unexpected_types(void **state)
+{
+    (void)state;
+    const fp4d_probe_api chat = FP4D_PROBE_API_CHAT, compl = FP4D_PROBE_API_COMPLETIONS;
+    expect_malformed_type("{\"choices\":[{\"message\":{\"content\":42},\"finish_reason\":\"stop\"}]}", false, chat,
+                          "content");
+    expect_malformed_type("{\"choices\":[{\"message\":{\"content\":{\"text\":\"42\"}},\"finish_reason\":\"stop\"}]}",
+                          false, chat, "content");
+    expect_malformed_type("{\"choices\":[{\"message\":{\"content\":true,\"reasoning_content\":null}}]}", false,
+                          chat, "content");
+    expect_malformed_type("{\"choices\":[{\"message\":{\"content\":null,\"reasoning_content\":7}}]}", false, chat,
+                          "reasoning_content");
+    expect_malformed_type("{\"choices\":[{\"message\":\"The answer is 42.\",\"finish_reason\":\"stop\"}]}", false,
+                          chat, "message");
+    expect_malformed_type("{\"choices\":{\"0\":{\"message\":{\"content\":\"42\"}}}}", false, chat, "choices");
+    expect_malformed_type("{\"choices\":[\"42\"]}", false, chat, "choices[0]");
+    expect_malformed_type("{\"choices\":[{\"text\":42,\"finish_reason\":\"stop\"}]}", false, compl, "text");
+    expect_malformed_type("data: {\"choices\":[{\"delta\":{\"content\":\"The \"}}]}\n\n"
+                          "data: {\"choices\":[{\"delta\":{\"content\":42}}]}\n\n"
+                          "data: {\"choices\":[{\"delta\":{},\"finish_reason\":\"stop\"}]}\n\ndata: [DONE]\n\n",
+                          true, chat, "content");
+    expect_malformed_type("data: {\"choices\":[{\"delta\":\"42\",\"finish_reason\":\"stop\"}]}\n\ndata: [DONE]\n\n",
+                          true, chat, "delta");
+
+    /* What servers really send stays as it was: null content is EMPTY (or the reasoning-only
+     * case), a missing delta on the final chunk is fine, usage-only chunks are skipped,
+     * unexpected types in fields the probe does not judge are ignored. */
+    expect_class("{\"choices\":[{\"message\":{\"content\":null},\"finish_reason\":\"stop\"}]}", 200, false,
+                 FP4D_PROBE_EMPTY);
+    expect_class("{\"choices\":[{\"message\":{\"content\":\"42\",\"tool_calls\":null},\"finish_reason\":7,"
+                 "\"matched_stop\":[1]}],\"usage\":\"n/a\"}", 200, false, FP4D_PROBE_OK);
+    expect_class("data: {\"choices\":[{\"delta\":{\"content\":\"42\"}}]}\n\n"
+                 "data: {\"choices\":[{\"finish_reason\":\"stop\"}]}\n\n"
+                 "data: {\"choices\":[],\"usage\":{\"completion_tokens\":1}}\n\ndata: [DONE]\n\n", 200, true,
+                 FP4D_PROBE_OK);
+    /* An error object still comes first (HTTP_ERROR precedes MALFORMED). */
+    expect_class("{\"error\":{\"message\":\"boom\"},\"choices\":5}", 200, false, FP4D_PROBE_HTTP_ERROR);
 }
 
 static void test_completions_api(void **state)
@@ -355,6 +408,34 @@ static void test_plan_bound(void **state)
     assert_int_equal(n2, 48 - n1);
 }
 
+/* fp4d_probe_run caps its inputs, but the planner is public: a budget past UINT_MAX must not
+ * wrap phase 2 (65536 x 65537 once planned 65520 phase-2 requests instead of ~2^32). */
+static void test_plan_huge_budget(void **state)
+{
+    (void)state;
+    unsigned np = (unsigned)fp4d_probe_prompt_count();
+    static const unsigned grid[][2] = {{UINT_MAX, UINT_MAX}, {65536, 65537}, {UINT_MAX, 2}, {2, UINT_MAX},
+                                       {65536, 65536}, {UINT_MAX, 1}};
+    for (size_t i = 0; i < sizeof grid / sizeof grid[0]; i++) {
+        unsigned c = grid[i][0], r = grid[i][1];
+        unsigned long long budget = (unsigned long long)c * r;
+        unsigned long long want = budget < UINT_MAX ? budget : UINT_MAX;
+        unsigned n1 = 0, n2 = 0;
+        fp4d_probe_plan(c, r, &n1, &n2);
+        if ((unsigned long long)n1 + n2 != want)
+            fail_msg("plan(%u, %u): %u + %u, expected a total of %llu", c, r, n1, n2, want);
+        /* Phase 1 as documented, over the capped budget: min(P, max(1, B - C)). */
+        unsigned long long rest = want > c ? want - c : 0;
+        assert_int_equal(n1, rest < 1 ? 1 : rest < np ? rest : np);
+        /* Still at least one full window for phase 2 when it can hold one. */
+        if (r >= 2 && (unsigned long long)c + np <= want) assert_true(n2 >= c);
+    }
+    /* A budget of 0 plans nothing. */
+    unsigned n1 = 7, n2 = 7;
+    fp4d_probe_plan(0, UINT_MAX, &n1, &n2);
+    assert_int_equal(n1 + n2, 0);
+}
+
 static void test_names(void **state)
 {
     (void)state;
@@ -378,11 +459,13 @@ int main(void)
         cmocka_unit_test(test_reasoning_only_and_truncated),
         cmocka_unit_test(test_empty_and_degenerate_content),
         cmocka_unit_test(test_errors_and_malformed),
+        cmocka_unit_test(test_unexpected_types),
         cmocka_unit_test(test_completions_api),
         cmocka_unit_test(test_sse),
         cmocka_unit_test(test_degenerate_text),
         cmocka_unit_test(test_prompt_set),
         cmocka_unit_test(test_plan_bound),
+        cmocka_unit_test(test_plan_huge_budget),
         cmocka_unit_test(test_names),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

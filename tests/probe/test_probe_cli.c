@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -25,6 +26,9 @@
 #include "test_util.h"
 
 static const char *bin;
+/* When set, the next run_probe's child gets this RLIMIT_NOFILE (then it is cleared). */
+static struct rlimit next_files;
+static bool next_files_set;
 
 typedef struct cli_result {
     int    code;    /* exit code, or 128 + signal */
@@ -50,7 +54,10 @@ static cli_result run_probe(double sigint_after, const char *first, ...)
     double t0 = tu_now_s();
     pid_t pid = fork();
     assert_true(pid >= 0);
+    bool files = next_files_set;
+    next_files_set = false;
     if (pid == 0) {
+        if (files && setrlimit(RLIMIT_NOFILE, &next_files) != 0) _exit(126);
         dup2(out_fd, 1);
         dup2(err_fd, 2);
         execv(bin, (char *const *)argv);
@@ -116,6 +123,72 @@ static void test_usage_errors(void **state)
         assert_int_equal(strchr(r.err, '\n') - r.err + 1, (long)strlen(r.err));
         cli_free(&r);
     }
+}
+
+/* Bad URLs: exit 2 with one line that says what is wrong, and never the URL's password
+ * (port 0 used to be probed, exit 3; the messages quoted user:password@ as given). */
+static void test_bad_urls(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *url, *says;
+    } bad[] = {
+        {"http://127.0.0.1:0", "1..65535"},
+        {"http://[::1]:0/v1", "1..65535"},
+        {"http://127.0.0.1:99999", "1..65535"},
+        {"http://admin:topsecret@127.0.0.1:-5/", "1..65535"},
+        {"http://admin:topsecret@[::1", "IPv6"},
+        {"ftp://admin:topsecret@127.0.0.1/", "only http:// and https://"},
+        {"admin:topsecret@localhost:30000", "put http:// or https:// in front"},
+        {"localhost:30000", "put http:// or https:// in front"},
+        {"http://", "not a URL"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        cli_result r = run_probe(0, bad[i].url, "--timeout", "2", NULL);
+        if (r.code != 2) fail_msg("%s: exit %d, expected 2 (stderr: %s)", bad[i].url, r.code, r.err);
+        if (!strstr(r.err, bad[i].says)) fail_msg("%s: stderr lacks \"%s\": %s", bad[i].url, bad[i].says, r.err);
+        if (strstr(r.err, "topsecret") || strstr(r.out, "topsecret"))
+            fail_msg("%s: the password was printed: %s", bad[i].url, r.err);
+        assert_int_equal(strchr(r.err, '\n') - r.err + 1, (long)strlen(r.err));
+        cli_free(&r);
+    }
+}
+
+/* More requests in flight than the open-file limit allows: with a soft limit below the window
+ * the probe raises it (up to the hard limit) and is healthy; with a hard limit below it, it
+ * refuses before sending anything (exit 2). It used to send anyway, fail the connects in the
+ * client and blame the server: "broken_under_concurrency", exit 1. */
+static void test_open_file_limit(void **state)
+{
+    (void)state;
+    struct rlimit now;
+    assert_int_equal(getrlimit(RLIMIT_NOFILE, &now), 0);
+    if (now.rlim_max != RLIM_INFINITY && now.rlim_max < 1024) skip(); /* cannot set up case 1 */
+    fake_config cfg = {.behavior = FAKE_HEALTHY, .delay_ms = 400};
+    fake_server *s = fake_server_start(&cfg);
+    assert_non_null(s);
+
+    next_files = (struct rlimit){96, 1024};
+    next_files_set = true;
+    cli_result r = run_probe(0, fake_server_url(s), "--concurrency", "160", "--rounds", "1", "--timeout", "30", NULL);
+    fake_stats st = fake_server_stats(s);
+    expect_code(r, 0);
+    assert_non_null(strstr(r.out, "verdict   healthy"));
+    assert_int_equal(st.posts, 160);
+    assert_true(st.max_in_flight > 96); /* the window really went past the old soft limit */
+    cli_free(&r);
+
+    next_files = (struct rlimit){96, 96};
+    next_files_set = true;
+    r = run_probe(0, fake_server_url(s), "--concurrency", "160", "--rounds", "1", "--timeout", "30", NULL);
+    fake_stats st2 = fake_server_stats(s);
+    fake_server_stop(s);
+    expect_code(r, 2);
+    assert_non_null(strstr(r.err, "open files"));
+    assert_non_null(strstr(r.err, "--concurrency 160"));
+    assert_int_equal(st2.posts, st.posts); /* nothing sent */
+    assert_int_equal(st2.health_gets, st.health_gets);
+    cli_free(&r);
 }
 
 static void test_unreachable_exit_3(void **state)
@@ -310,6 +383,8 @@ int main(void)
     }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_usage_errors),
+        cmocka_unit_test(test_bad_urls),
+        cmocka_unit_test(test_open_file_limit),
         cmocka_unit_test(test_unreachable_exit_3),
         cmocka_unit_test(test_healthy_json_file),
         cmocka_unit_test(test_nan_json_stdout),

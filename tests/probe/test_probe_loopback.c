@@ -264,6 +264,25 @@ static void test_server_errors(void **state)
     fp4d_probe_report_free(res.r);
 }
 
+static void test_redirect_not_followed(void **state)
+{
+    (void)state;
+    /* A redirect is an HTTP_ERROR and is not followed (check_bound: every request the server
+     * saw was planned); the detail names the target, which used to be missing ("HTTP 307"). */
+    expect_broken_alone(FAKE_REDIRECT, false, FP4D_PROBE_HTTP_ERROR);
+    fake_config cfg = {.behavior = FAKE_REDIRECT};
+    fp4d_probe_options o;
+    small_options(&o, 1, 1);
+    run_result res = probe(&cfg, &o);
+    const fp4d_probe_quote *q = &res.r->phases[0].first_offending;
+    assert_int_equal(q->http_status, 307);
+    if (!strstr(q->detail, "redirect to http://127.0.0.1:1/moved/v1/chat/completions") ||
+        !strstr(q->detail, "not followed"))
+        fail_msg("detail: %s", q->detail);
+    assert_int_equal(res.st.posts, 1);
+    fp4d_probe_report_free(res.r);
+}
+
 /* ---- broken only under concurrency ----------------------------------------------------------- */
 
 static void expect_broken_under_load(fake_behavior b, fp4d_probe_class cls)
@@ -296,6 +315,40 @@ static void test_garbage_under_concurrency(void **state)
     expect_broken_under_load(FAKE_NAN_WHEN_CONCURRENT, FP4D_PROBE_NAN_STOP);
     /* Fluent but wrong only in batches: still a batch-dependent fault, not "degraded". */
     expect_broken_under_load(FAKE_WRONG_WHEN_CONCURRENT, FP4D_PROBE_WRONG_ANSWER);
+}
+
+/* A server that refuses requests under load (HTTP 429) fails phase 2, but the hint must not
+ * send the user after FP4 kernels: it used to call every phase-2-only fault "a
+ * batch-composition-dependent kernel fault" and recommend other GEMM/MoE backends. */
+static void test_rate_limited_under_concurrency(void **state)
+{
+    (void)state;
+    fake_config cfg = {.behavior = FAKE_BUSY_WHEN_CONCURRENT, .delay_ms = 60};
+    fp4d_probe_options o;
+    small_options(&o, 4, 3);
+    run_result res = probe(&cfg, &o);
+    fp4d_probe_report *r = res.r;
+    assert_true(r->phases[0].healthy);
+    assert_true(res.st.garbage_answers >= 1);
+    assert_int_equal(r->phases[1].counts[FP4D_PROBE_HTTP_ERROR], res.st.garbage_answers);
+    assert_int_equal(r->phases[1].first_offending.http_status, 429);
+    /* The verdict follows the documented rule (a fault only in phase 2)... */
+    assert_int_equal(r->verdict, FP4D_PROBE_VERDICT_BROKEN_UNDER_CONCURRENCY);
+    assert_int_equal(fp4d_probe_exit_code(r), 1);
+    /* ...but the hint names the rate limit and the way around it, not a kernel fault. */
+    if (strstr(r->hint, "batch-composition-dependent kernel fault") || !strstr(r->hint, "HTTP 429") ||
+        !strstr(r->hint, "--concurrency"))
+        fail_msg("hint: %s", r->hint);
+    check_bound(&res, 4, 3, false);
+    fp4d_probe_report_free(r);
+
+    /* Garbage under load keeps the kernel hint. */
+    cfg.behavior = FAKE_GARBAGE_WHEN_CONCURRENT;
+    small_options(&o, 4, 3);
+    res = probe(&cfg, &o);
+    assert_int_equal(res.r->verdict, FP4D_PROBE_VERDICT_BROKEN_UNDER_CONCURRENCY);
+    assert_non_null(strstr(res.r->hint, "batch-composition-dependent kernel fault"));
+    fp4d_probe_report_free(res.r);
 }
 
 static void test_concurrency_one_cannot_blame_batches(void **state)
@@ -579,7 +632,9 @@ int main(void)
         cmocka_unit_test(test_nan_stop),
         cmocka_unit_test(test_bang_reasoning),
         cmocka_unit_test(test_server_errors),
+        cmocka_unit_test(test_redirect_not_followed),
         cmocka_unit_test(test_garbage_under_concurrency),
+        cmocka_unit_test(test_rate_limited_under_concurrency),
         cmocka_unit_test(test_concurrency_one_cannot_blame_batches),
         cmocka_unit_test(test_degraded),
         cmocka_unit_test(test_hung_server_stops_within_timeout),
