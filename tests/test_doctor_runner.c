@@ -19,6 +19,7 @@
 #include <cmocka.h>
 
 #include "backend/verdict_cache.h"
+#include "doctor/doctor_internal.h"
 #include "fp4doctor/doctor.h"
 #include "test_util.h"
 
@@ -150,6 +151,157 @@ static void test_device_all_isolates_a_pinned_fault(void **state)
     }
     json_decref(j);
     free(out);
+}
+
+/* A FP4DOCTOR_FAULTY_DEVICE that names no device of the run stops it with a message naming
+ * the variable (exit 4, before any child starts). Read with atoi, "abc" pinned the fault to
+ * device 0 and "1x" to device 1, and "7" (of two) to no device at all: the report then
+ * showed an isolation that was never tested. */
+static void test_faulty_device_pin_must_name_a_device(void **state)
+{
+    (void)state;
+    static const char *const bad[] = {"abc", "1x", "-1", "7"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char cmd[1024];
+        snprintf(cmd, sizeof cmd,
+                 "FP4DOCTOR_SIMULATE_DEVICES=2 FP4DOCTOR_FAULTY_DEVICE='%s' '%s' check --device all --include-faulty "
+                 "--backend faulty-nibble-swap --suite quick --case .m1. --no-cache 2>&1",
+                 bad[i], bin());
+        char *out = NULL;
+        const int rc = tu_run_capture(cmd, &out);
+        assert_non_null(out);
+        if (rc != 4 || !strstr(out, "FP4DOCTOR_FAULTY_DEVICE"))
+            fail_msg("FP4DOCTOR_FAULTY_DEVICE='%s': exit %d, want 4 naming the variable: %s", bad[i], rc, out);
+        free(out);
+    }
+}
+
+/* A report as the children leave it, for fp4d_report_finish: a suite's cases and up to
+ * `cap` rows added by report_row. */
+static void report_make(fp4d_report *rep, fp4d_suite suite, size_t cap)
+{
+    memset(rep, 0, sizeof *rep);
+    rep->suite = suite;
+    assert_int_equal(fp4d_suite_cases(suite, &rep->cases, &rep->num_cases), FP4D_STATUS_OK);
+    rep->backends = calloc(cap, sizeof *rep->backends);
+    assert_non_null(rep->backends);
+}
+
+/* A row that passed every case, taking ms_per_gmac per 1e9 multiply-adds. */
+static fp4d_backend_report *report_row(fp4d_report *rep, const char *name, fp4d_backend_kind kind, int device,
+                                       double ms_per_gmac)
+{
+    fp4d_backend_report *br = &rep->backends[rep->num_backends++];
+    snprintf(br->name, sizeof br->name, "%s", name);
+    br->kind = kind;
+    br->device = device;
+    br->results = calloc(rep->num_cases, sizeof *br->results);
+    assert_non_null(br->results);
+    for (size_t i = 0; i < rep->num_cases; i++) {
+        const fp4d_case *c = &rep->cases[i];
+        br->results[i].verdict = FP4D_VERDICT_PASS;
+        br->results[i].ran = true;
+        br->results[i].time_ms = ms_per_gmac * (double)c->m * (double)(c->n ? c->n : 1) * (double)c->k * 1e-9;
+    }
+    return br;
+}
+
+static void set_result(fp4d_backend_report *br, size_t i, fp4d_verdict v, const char *detail)
+{
+    br->results[i].verdict = v;
+    br->results[i].cause = v == FP4D_VERDICT_PASS || v == FP4D_VERDICT_UNSUPPORTED ? FP4D_CAUSE_NONE : FP4D_CAUSE_UNKNOWN;
+    snprintf(br->results[i].detail, sizeof br->results[i].detail, "%s", detail);
+}
+
+/* --device all: a backend wrong on one device is not recommended on the strength of the
+ * device it passed on (it was: "gpu-x: the only non-reference backend that passed every
+ * case" while gpu-x@1 was WRONG), and one backend on two devices is one candidate. */
+static void test_recommendation_across_devices(void **state)
+{
+    (void)state;
+    fp4d_report rep;
+    report_make(&rep, FP4D_SUITE_QUICK, 4);
+    report_row(&rep, "ref", FP4D_BACKEND_KIND_REFERENCE, -1, 100.0);
+    report_row(&rep, "cpu", FP4D_BACKEND_KIND_CPU, -1, 10.0);
+    report_row(&rep, "gpu-x", FP4D_BACKEND_KIND_GPU, 0, 1.0);
+    fp4d_backend_report *bad = report_row(&rep, "gpu-x", FP4D_BACKEND_KIND_GPU, 1, 1.0);
+    set_result(bad, 0, FP4D_VERDICT_WRONG, "wrong on this device");
+    fp4d_report_finish(&rep);
+    if (strcmp(rep.recommended, "cpu") || !strstr(rep.recommendation, "not gpu-x"))
+        fail_msg("recommended '%s': %s", rep.recommended, rep.recommendation);
+    assert_int_equal(fp4d_report_exit_code(&rep), 1);
+    fp4d_report_free(&rep);
+
+    report_make(&rep, FP4D_SUITE_QUICK, 4);
+    report_row(&rep, "ref", FP4D_BACKEND_KIND_REFERENCE, -1, 100.0);
+    report_row(&rep, "cpu", FP4D_BACKEND_KIND_CPU, -1, 10.0);
+    report_row(&rep, "gpu-x", FP4D_BACKEND_KIND_GPU, 0, 1.0);
+    report_row(&rep, "gpu-x", FP4D_BACKEND_KIND_GPU, 1, 1.0);
+    fp4d_report_finish(&rep);
+    assert_string_equal(rep.recommended, "gpu-x");
+    if (!strstr(rep.recommendation, "fastest of 2 backends")) fail_msg("%s", rep.recommendation);
+    assert_int_equal(fp4d_report_exit_code(&rep), 0);
+    fp4d_report_free(&rep);
+}
+
+/* The recommendation says when its backend ran only part of the suite, and does not tell
+ * people to stop serving when nothing ran at all. */
+static void test_recommendation_wording(void **state)
+{
+    (void)state;
+    fp4d_report rep;
+    report_make(&rep, FP4D_SUITE_QUICK, 2);
+    report_row(&rep, "cpu", FP4D_BACKEND_KIND_CPU, -1, 10.0);
+    fp4d_backend_report *p = report_row(&rep, "plugin:fast", FP4D_BACKEND_KIND_PLUGIN, -1, 1.0);
+    size_t unsupported = 0;
+    for (size_t i = 0; i < rep.num_cases; i++)
+        if (strcmp(rep.cases[i].group, "nvfp4")) set_result(p, i, FP4D_VERDICT_UNSUPPORTED, "nvfp4 x nvfp4 only"), unsupported++;
+    assert_true(unsupported > 0);
+    fp4d_report_finish(&rep);
+    assert_string_equal(rep.recommended, "plugin:fast");
+    char want[64];
+    snprintf(want, sizeof want, "supports only %zu of the %zu cases", rep.num_cases - unsupported, rep.num_cases);
+    if (!strstr(rep.recommendation, want)) fail_msg("'%s' lacks '%s'", rep.recommendation, want);
+    fp4d_report_free(&rep);
+
+    report_make(&rep, FP4D_SUITE_QUICK, 1);
+    fp4d_backend_report *c = report_row(&rep, "cpu", FP4D_BACKEND_KIND_CPU, -1, 10.0);
+    for (size_t i = 0; i < rep.num_cases; i++) {
+        set_result(c, i, FP4D_VERDICT_UNSUPPORTED, "not selected");
+        c->results[i].ran = false;
+    }
+    fp4d_report_finish(&rep);
+    assert_string_equal(rep.recommended, "");
+    if (strstr(rep.recommendation, "do not serve") || !strstr(rep.recommendation, "no backend ran"))
+        fail_msg("nothing ran, yet: %s", rep.recommendation);
+    assert_int_equal(fp4d_report_exit_code(&rep), 0);
+    fp4d_report_free(&rep);
+}
+
+/* A fault at every multiple of 128 rows (full tiles) is named as such, with one failing
+ * output as an example; before, the summary read "fails for M in 128..4096 (...), passes
+ * M <= 127 and some M in between" and showed no failing output. */
+static void test_m_dependent_summary(void **state)
+{
+    (void)state;
+    fp4d_report rep;
+    report_make(&rep, FP4D_SUITE_DEFAULT, 1);
+    fp4d_backend_report *b = report_row(&rep, "plugin:tiles", FP4D_BACKEND_KIND_PLUGIN, -1, 1.0);
+    size_t failed = 0;
+    for (size_t i = 0; i < rep.num_cases; i++)
+        if (!strcmp(rep.cases[i].group, "sweep") && rep.cases[i].m % 128 == 0) {
+            set_result(b, i, FP4D_VERDICT_NAN, "16384 NaN elements within rows 0..127 x cols 0..63");
+            b->results[i].cause = FP4D_CAUSE_NONE;
+            failed++;
+        }
+    assert_int_equal(failed, 6);
+    fp4d_report_finish(&rep);
+    assert_int_equal(b->verdict, FP4D_VERDICT_NAN);
+    assert_int_equal(b->cause, FP4D_CAUSE_M_DEPENDENT);
+    if (!strstr(b->summary, "fails for M = 128, 256, 512, 1024, 3072, 4096 (the multiples of 128)") ||
+        !strstr(b->summary, "e.g. sweep.") || !strstr(b->summary, "within rows 0..127 x cols 0..63"))
+        fail_msg("summary: %s", b->summary);
+    fp4d_report_free(&rep);
 }
 
 /* Counts start and end tags; returns false on a mismatch (enough for well-formedness of
@@ -581,7 +733,11 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_verdict_cache),
+        cmocka_unit_test(test_recommendation_across_devices),
+        cmocka_unit_test(test_recommendation_wording),
+        cmocka_unit_test(test_m_dependent_summary),
         cmocka_unit_test(test_device_all_isolates_a_pinned_fault),
+        cmocka_unit_test(test_faulty_device_pin_must_name_a_device),
         cmocka_unit_test(test_cli_usage_errors),
         cmocka_unit_test(test_case_filtered_run_caches_failures_only),
         cmocka_unit_test(test_report_into_a_closed_pipe_exits_3),

@@ -387,9 +387,58 @@ static void test_hang(void **state)
     assert_int_equal(run_in_child("faulty-hang", 2, 256, 32, 500), -1);
 }
 
+/* FP4DOCTOR_FAULTY_DEVICE pins the fault to one device; it is read strictly. With atoi,
+ * "abc" pinned the fault to device 0 and "1x" to device 1; now anything but a plain
+ * non-negative number makes the faulty backends refuse to open, naming the variable. */
+static void test_faulty_device_pin_is_strict(void **state)
+{
+    (void)state;
+    fcase c;
+    fcase_make(&c, FP4D_DTYPE_NVFP4, FP4D_DTYPE_NVFP4, FP4D_LAYOUT_LINEAR, 3, 20, 64, FP4D_DTYPE_F32, 2);
+    static const char *const bad[] = {"abc", "1x", " 1", "-1", "+1", "0x1", "1.0", "99999999999"};
+    for (size_t i = 0; i < FP4D_ARRAY_LEN(bad); i++) {
+        setenv("FP4DOCTOR_FAULTY_DEVICE", bad[i], 1);
+        for (int dev = -1; dev <= 1; dev++) {
+            fp4d_backend_t b = NULL;
+            fp4d_reason    why = {{0}};
+            fp4d_status    st  = fp4d_backend_open("faulty-zeros", dev, &b, &why);
+            if (st == FP4D_STATUS_OK) {
+                fp4d_backend_close(b);
+                fail_msg("FP4DOCTOR_FAULTY_DEVICE='%s' accepted on device %d", bad[i], dev);
+            }
+            assert_null(b);
+            assert_non_null(strstr(why.text, "FP4DOCTOR_FAULTY_DEVICE"));
+        }
+    }
+    /* A plain number pins: the fault on that device only (and on the host, which no pin
+     * names); empty is unset. */
+    static const struct {
+        const char *pin;
+        int         device;
+        bool        faulty;
+    } good[] = {{"1", 1, true}, {"1", 0, false}, {"01", 1, true}, {"0", 1, false}, {"1", -1, true}, {"", 0, true}};
+    for (size_t i = 0; i < FP4D_ARRAY_LEN(good); i++) {
+        setenv("FP4DOCTOR_FAULTY_DEVICE", good[i].pin, 1);
+        fp4d_backend_t b = NULL;
+        fp4d_reason    why = {{0}};
+        assert_int_equal(fp4d_backend_open("faulty-zeros", good[i].device, &b, &why), FP4D_STATUS_OK);
+        fp4d_gemm_problem p = c.p;
+        memset(p.out, 0xFF, (size_t)(c.m * c.n) * c.esz);
+        assert_int_equal(fp4d_backend_gemm(b, &p, &why), FP4D_STATUS_OK);
+        fp4d_backend_close(b);
+        bool zeros = true;
+        for (int64_t e = 0; e < c.m * c.n; e++) zeros &= ((float *)p.out)[e] == 0.0f;
+        if (zeros != good[i].faulty)
+            fail_msg("pin '%s' on device %d: fault %s", good[i].pin, good[i].device, zeros ? "active" : "dormant");
+    }
+    unsetenv("FP4DOCTOR_FAULTY_DEVICE");
+    fcase_free(&c);
+}
+
 int main(void)
 {
     unsetenv("FP4DOCTOR_BACKEND");
+    unsetenv("FP4DOCTOR_FAULTY_DEVICE");
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_all_thirteen_registered),
         cmocka_unit_test(test_zeros),
@@ -405,6 +454,7 @@ int main(void)
         cmocka_unit_test(test_oob),
         cmocka_unit_test(test_segv),
         cmocka_unit_test(test_hang),
+        cmocka_unit_test(test_faulty_device_pin_is_strict),
     };
     return cmocka_run_group_tests(tests, setup, NULL);
 }

@@ -58,16 +58,37 @@ typedef struct faulty_ctx {
     unsigned long calls; /* gemm calls on this instance (faulty-racy) */
 } faulty_ctx;
 
+/* FP4DOCTOR_FAULTY_DEVICE as a device number: decimal digits only, no sign, no spaces, no
+ * trailing text. atoi() read "abc" as device 0 and "1x" as device 1, so a typo silently
+ * pinned the fault to some device; such a value is refused instead (-1). */
+static int faulty_pinned_device(const char *text)
+{
+    if (!text || text[0] < '0' || text[0] > '9') return -1;
+    long v = 0;
+    for (const char *p = text; *p; p++) {
+        if (*p < '0' || *p > '9') return -1;
+        v = v * 10 + (*p - '0');
+        if (v > 1000000) return -1;
+    }
+    return (int)v;
+}
+
 static fp4d_status faulty_init(void *user_data, int device, void **ctx, fp4d_reason *why)
 {
+    const char *pin = getenv("FP4DOCTOR_FAULTY_DEVICE");
+    int pinned = pin && *pin ? faulty_pinned_device(pin) : -1;
+    if (pin && *pin && pinned < 0) {
+        snprintf(why->text, sizeof why->text,
+                 "FP4DOCTOR_FAULTY_DEVICE='%.40s' is not a device number (a non-negative integer)", pin);
+        return FP4D_STATUS_INVALID_ARG;
+    }
     faulty_ctx *c = calloc(1, sizeof *c);
     if (!c) {
         snprintf(why->text, sizeof why->text, "out of memory");
         return FP4D_STATUS_NOMEM;
     }
     c->kind    = (faulty_kind)(intptr_t)user_data;
-    const char *pin = getenv("FP4DOCTOR_FAULTY_DEVICE");
-    if (pin && *pin && device >= 0 && atoi(pin) != device) c->kind = FAULTY_DORMANT;
+    if (pinned >= 0 && device >= 0 && pinned != device) c->kind = FAULTY_DORMANT;
     c->isa     = fp4d_cpu_isa_detect();
     c->threads = fp4d_cpu_default_threads();
     *ctx       = c;

@@ -264,8 +264,43 @@ fp4d_cause fp4d_match_cause(const fp4d_case_data *d, const fp4d_sample *samples,
     return h->cause;
 }
 
-fp4d_cause fp4d_match_unwritten(const int64_t *poison_per_row, int64_t m, int64_t n, char *why,
-                                size_t why_size)
+void fp4d_describe_rows(const uint8_t *flag, int64_t m, const int64_t *offsets, int32_t num_experts, char *out,
+                        size_t size)
+{
+    int32_t groups = offsets && num_experts > 1 ? num_experts : 1;
+    int len = 0, ranges = 0;
+    out[0] = '\0';
+    for (int32_t e = 0; e < groups; e++) {
+        int64_t r0 = groups > 1 ? offsets[e] : 0, r1 = groups > 1 ? offsets[e + 1] : m;
+        bool named = false;
+        for (int64_t r = r0; r < r1;) {
+            if (!flag[r]) {
+                r++;
+                continue;
+            }
+            int64_t s = r;
+            while (r < r1 && flag[r]) r++;
+            if (len < 0 || (size_t)len >= size) return;
+            if (ranges == 6) {
+                snprintf(out + len, size - (size_t)len, ", ...");
+                return;
+            }
+            if (groups > 1 && !named)
+                len += snprintf(out + len, size - (size_t)len, "%sexpert %d: ", ranges ? "; " : "", (int)e);
+            else if (ranges)
+                len += snprintf(out + len, size - (size_t)len, ", ");
+            if (len < 0 || (size_t)len >= size) return;
+            len += snprintf(out + len, size - (size_t)len, "%lld..%lld", (long long)(s - r0), (long long)(r - 1 - r0));
+            named = true;
+            ranges++;
+        }
+        if (groups > 1 && named && len >= 0 && (size_t)len < size)
+            len += snprintf(out + len, size - (size_t)len, " (of %lld)", (long long)(r1 - r0));
+    }
+}
+
+fp4d_cause fp4d_match_unwritten(const int64_t *poison_per_row, int64_t m, int64_t n, const int64_t *offsets,
+                                int32_t num_experts, char *why, size_t why_size)
 {
     int64_t full = 0, partial = 0;
     for (int64_t r = 0; r < m; r++) {
@@ -282,26 +317,20 @@ fp4d_cause fp4d_match_unwritten(const int64_t *poison_per_row, int64_t m, int64_
                  (long long)full);
         return FP4D_CAUSE_UNKNOWN;
     }
-    /* List the row ranges, e.g. "rows 64..127, 192..255". */
-    int len = snprintf(why, why_size, "whole rows ");
-    int ranges = 0;
-    for (int64_t r = 0; r < m && len > 0 && (size_t)len < why_size;) {
-        if (poison_per_row[r] != n) {
-            r++;
-            continue;
-        }
-        int64_t s = r;
-        while (r < m && poison_per_row[r] == n) r++;
-        if (ranges == 6) {
-            len += snprintf(why + len, why_size - (size_t)len, ", ...");
-            break;
-        }
-        len += snprintf(why + len, why_size - (size_t)len, "%s%lld..%lld", ranges ? ", " : "",
-                        (long long)s, (long long)(r - 1));
-        ranges++;
+    uint8_t *flag = malloc((size_t)m);
+    char rows[FP4D_DETAIL_MAX];
+    if (flag) {
+        for (int64_t r = 0; r < m; r++) flag[r] = poison_per_row[r] == n;
+        fp4d_describe_rows(flag, m, offsets, num_experts, rows, sizeof rows);
+        free(flag);
+    } else {
+        snprintf(rows, sizeof rows, "%lld", (long long)full);
     }
-    if (len > 0 && (size_t)len < why_size)
-        snprintf(why + len, why_size - (size_t)len, " (of %lld): %s", (long long)m,
+    if (offsets && num_experts > 1)
+        snprintf(why, why_size, "whole rows, numbered within each expert, %s: %s", rows,
+                 fp4d_cause_advice(FP4D_CAUSE_TILE_ROWS_MISSING));
+    else
+        snprintf(why, why_size, "whole rows %s (of %lld): %s", rows, (long long)m,
                  fp4d_cause_advice(FP4D_CAUSE_TILE_ROWS_MISSING));
     return FP4D_CAUSE_TILE_ROWS_MISSING;
 }

@@ -98,9 +98,15 @@ typedef struct fp4d_sample {
 fp4d_cause fp4d_match_cause(const fp4d_case_data *d, const fp4d_sample *samples, size_t count,
                             char *why, size_t why_size);
 /* Describes the unwritten (still poisoned) elements; returns TILE_ROWS_MISSING when they
- * are whole rows, else UNKNOWN. */
-fp4d_cause fp4d_match_unwritten(const int64_t *poison_per_row, int64_t m, int64_t n, char *why,
-                                size_t why_size);
+ * are whole rows, else UNKNOWN. A grouped GEMM (offsets of num_experts > 1; else NULL/0)
+ * has its rows numbered within each expert. */
+fp4d_cause fp4d_match_unwritten(const int64_t *poison_per_row, int64_t m, int64_t n, const int64_t *offsets,
+                                int32_t num_experts, char *why, size_t why_size);
+/* The rows with flag[r] set as ranges ("64..127, 192..255", at most six). With offsets of
+ * num_experts > 1, numbered within each expert, whose tiles are what a per-expert kernel
+ * gets wrong: "expert 0: 64..84 (of 85); expert 2: 64..127 (of 151)". */
+void fp4d_describe_rows(const uint8_t *flag, int64_t m, const int64_t *offsets, int32_t num_experts, char *out,
+                        size_t size);
 
 /* One-line advice for a cause. */
 const char *fp4d_cause_advice(fp4d_cause c);
@@ -115,6 +121,10 @@ json_t *fp4d_result_to_json(const fp4d_case_result *r);
 void    fp4d_result_from_json(const json_t *j, fp4d_case_result *r);
 json_t *fp4d_case_to_json(const fp4d_case *c);
 json_t *fp4d_env_to_json(void);
+
+/* After every result is in (runner.c): each backend's verdict, cause and summary, which M
+ * fail, the devices that disagree and the recommendation. Exposed for tests. */
+void fp4d_report_finish(fp4d_report *rep);
 
 /* Per-case time limit for the backend calls, seconds (FP4DOCTOR_TIMEOUT_SCALE applied). */
 double fp4d_case_call_timeout(const fp4d_case *c, fp4d_backend_kind kind, bool needs_device,

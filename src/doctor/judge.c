@@ -358,25 +358,19 @@ static fp4d_cause match_zero_rows(judge_ctx *j, const out_scan *sc, const accura
         bool bad = fabs(s->y - s->exact) > fp4d_bound_practical(&j->tol, s->exact, s->s);
         if (bad && sc->nonzero_per_row[s->m] != 0) return FP4D_CAUSE_UNKNOWN;
     }
-    int len = snprintf(why, size, "whole rows ");
-    int ranges = 0;
-    for (int64_t m = 0; m < c->m && len > 0 && (size_t)len < size;) {
-        if (!(sc->nonzero_per_row[m] == 0 && acc->row_ref_nonzero[m])) {
-            m++;
-            continue;
-        }
-        int64_t start = m;
-        while (m < c->m && sc->nonzero_per_row[m] == 0 && acc->row_ref_nonzero[m]) m++;
-        if (ranges++ == 6) {
-            len += snprintf(why + len, size - (size_t)len, ", ...");
-            break;
-        }
-        len += snprintf(why + len, size - (size_t)len, "%s%lld..%lld", ranges > 1 ? ", " : "",
-                        (long long)start, (long long)(m - 1));
-    }
-    if (len > 0 && (size_t)len < size)
-        snprintf(why + len, size - (size_t)len, " (of %lld) are zero, the exact rows are not: %s",
-                 (long long)c->m, fp4d_cause_advice(FP4D_CAUSE_TILE_ROWS_MISSING));
+    uint8_t *flag = malloc((size_t)c->m);
+    if (!flag) return FP4D_CAUSE_UNKNOWN;
+    for (int64_t m = 0; m < c->m; m++) flag[m] = sc->nonzero_per_row[m] == 0 && acc->row_ref_nonzero[m];
+    char rows[FP4D_DETAIL_MAX];
+    bool grouped = c->op == FP4D_CASE_GROUPED && j->d->num_b > 1;
+    fp4d_describe_rows(flag, c->m, j->d->offsets, grouped ? j->d->num_b : 0, rows, sizeof rows);
+    free(flag);
+    if (grouped)
+        snprintf(why, size, "whole rows, numbered within each expert, %s are zero, the exact rows are not: %s", rows,
+                 fp4d_cause_advice(FP4D_CAUSE_TILE_ROWS_MISSING));
+    else
+        snprintf(why, size, "whole rows %s (of %lld) are zero, the exact rows are not: %s", rows, (long long)c->m,
+                 fp4d_cause_advice(FP4D_CAUSE_TILE_ROWS_MISSING));
     return FP4D_CAUSE_TILE_ROWS_MISSING;
 }
 
@@ -416,7 +410,9 @@ static fp4d_status judge_gemm_output(judge_ctx *j, const uint8_t *out, out_scan 
     if (sc->poison > 0) {
         char why[FP4D_DETAIL_MAX] = "";
         fp4d_cause cause = FP4D_CAUSE_UNKNOWN;
-        cause = fp4d_match_unwritten(sc->poison_per_row, c->m, c->n, why, sizeof why);
+        bool grouped = c->op == FP4D_CASE_GROUPED && j->d->num_b > 1;
+        cause = fp4d_match_unwritten(sc->poison_per_row, c->m, c->n, j->d->offsets, grouped ? j->d->num_b : 0, why,
+                                     sizeof why);
         result_set(r, FP4D_VERDICT_UNWRITTEN, cause, "%lld of %lld output elements never written%s%s",
                    (long long)sc->poison, (long long)(c->m * c->n), why[0] ? ": " : "", why);
         return FP4D_STATUS_OK;

@@ -413,7 +413,24 @@ static int cmp_i64(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-/* "fails for M in 48..257 (tested: 1, 7, ...), passes M <= 17" into out. */
+/* The largest power of two from 16 up that divides every failing M and no passing one
+ * (128: "the full 128-row tiles fail"), or 0. */
+static int64_t failing_multiple(const int64_t *fail, size_t nf, const int64_t *pass, size_t np)
+{
+    int64_t best = 0;
+    for (int64_t p = 16; p <= ((int64_t)1 << 20); p *= 2) {
+        bool ok = true;
+        for (size_t i = 0; i < nf && ok; i++) ok = fail[i] % p == 0;
+        for (size_t i = 0; i < np && ok; i++) ok = pass[i] % p != 0;
+        if (ok) best = p;
+    }
+    return best;
+}
+
+/* "fails for M in 48..257 (tested: 1, 7, ...), passes M <= 17" into out. When passing M lie
+ * between the failing ones, the failing M are listed one by one instead of as a range
+ * ("fails for M in 128..4096, passes M <= 127 and some M in between" hid that exactly the
+ * multiples of 128 failed), with the multiple they share. */
 static void describe_m(const int64_t *fail, size_t nf, const int64_t *pass, size_t np, char *out, size_t size)
 {
     int64_t all[128];
@@ -421,22 +438,36 @@ static void describe_m(const int64_t *fail, size_t nf, const int64_t *pass, size
     for (size_t i = 0; i < nf && na < 128; i++) all[na++] = fail[i];
     for (size_t i = 0; i < np && na < 128; i++) all[na++] = pass[i];
     qsort(all, na, sizeof *all, cmp_i64);
-    int len = snprintf(out, size, "fails for M in %lld..%lld (tested:", (long long)fail[0], (long long)fail[nf - 1]);
+    bool inside = false;
+    for (size_t i = 0; i < np; i++) inside |= pass[i] > fail[0] && pass[i] < fail[nf - 1];
+    int len;
+    if (inside) {
+        len = snprintf(out, size, "fails for M =");
+        for (size_t i = 0; i < nf && len > 0 && (size_t)len < size; i++)
+            len += snprintf(out + len, size - (size_t)len, "%s %lld", i ? "," : "", (long long)fail[i]);
+        int64_t mult = failing_multiple(fail, nf, pass, np);
+        if (mult > 0 && len > 0 && (size_t)len < size)
+            len += snprintf(out + len, size - (size_t)len, " (the multiples of %lld)", (long long)mult);
+        if (len > 0 && (size_t)len < size) len += snprintf(out + len, size - (size_t)len, ", passes the other M (tested:");
+    } else {
+        len = snprintf(out, size, "fails for M in %lld..%lld (tested:", (long long)fail[0], (long long)fail[nf - 1]);
+    }
     for (size_t i = 0; i < na && len > 0 && (size_t)len < size; i++)
         len += snprintf(out + len, size - (size_t)len, "%s %lld", i ? "," : "", (long long)all[i]);
+    if (inside) {
+        if (len > 0 && (size_t)len < size) snprintf(out + len, size - (size_t)len, ")");
+        return;
+    }
     int64_t below = -1, above = -1;
     for (size_t i = 0; i < np; i++) {
         if (pass[i] < fail[0] && pass[i] > below) below = pass[i];
         if (pass[i] > fail[nf - 1] && (above < 0 || pass[i] < above)) above = pass[i];
     }
-    bool inside = false;
-    for (size_t i = 0; i < np; i++) inside |= pass[i] > fail[0] && pass[i] < fail[nf - 1];
     if (len > 0 && (size_t)len < size) {
         len += snprintf(out + len, size - (size_t)len, "), passes");
         if (below >= 0) len += snprintf(out + len, size - (size_t)len, " M <= %lld", (long long)below);
         if (above >= 0 && len > 0 && (size_t)len < size)
-            len += snprintf(out + len, size - (size_t)len, "%s M >= %lld", below >= 0 ? " and" : "", (long long)above);
-        if (inside && len > 0 && (size_t)len < size) snprintf(out + len, size - (size_t)len, " and some M in between");
+            snprintf(out + len, size - (size_t)len, "%s M >= %lld", below >= 0 ? " and" : "", (long long)above);
     }
 }
 
@@ -469,7 +500,7 @@ static void analyse_m_dependence(fp4d_report *rep, fp4d_backend_report *br, char
         if (nf == 0 || np == 0) continue;
         qsort(fail, nf, sizeof *fail, cmp_i64);
         qsort(pass, np, sizeof *pass, cmp_i64);
-        char desc[200];
+        char desc[320];
         describe_m(fail, nf, pass, np, desc, sizeof desc);
         const fp4d_case *c0 = &rep->cases[members[0]];
         /* The summary describes the shape with the widest M sweep (the default suite's
@@ -550,9 +581,15 @@ static void summarise_backend(fp4d_report *rep, fp4d_backend_report *br)
                 break;
             }
         int len;
-        if (cause == FP4D_CAUSE_M_DEPENDENT && borrowed == FP4D_CAUSE_NONE)
-            len = snprintf(br->summary, sizeof br->summary, "%s in %zu of %zu cases; %s", fp4d_verdict_name(worst),
-                           nworst, nrun, mdesc);
+        if (cause == FP4D_CAUSE_M_DEPENDENT && borrowed == FP4D_CAUSE_NONE) {
+            /* Which M, then what one failing output looks like (where the NaN tile sits:
+             * "within rows 0..127 x cols 0..127" is the clue to a 128x128 tile), without the
+             * M description the case's detail repeats. */
+            const char *d = br->results[pick].detail, *tail = strstr(d, "; m_dependent: ");
+            len = snprintf(br->summary, sizeof br->summary, "%s in %zu of %zu cases; %s; e.g. %s: %.*s",
+                           fp4d_verdict_name(worst), nworst, nrun, mdesc, rep->cases[pick].name,
+                           (int)(tail ? (size_t)(tail - d) : strlen(d)), d);
+        }
         else
             len = snprintf(br->summary, sizeof br->summary, "%s in %zu of %zu cases (e.g. %s): %s",
                            fp4d_verdict_name(worst), nworst, nrun, rep->cases[pick].name,
@@ -564,21 +601,77 @@ static void summarise_backend(fp4d_report *rep, fp4d_backend_report *br)
     }
 }
 
+/* The first device on which the backend of row b (a GPU backend under --device all) has a
+ * failing verdict, or -2 when it fails on none. */
+static int failing_device(const fp4d_report *rep, size_t b)
+{
+    for (size_t o = 0; o < rep->num_backends; o++)
+        if (o != b && !strcmp(rep->backends[o].name, rep->backends[b].name) &&
+            fp4d_verdict_is_failure(rep->backends[o].verdict))
+            return rep->backends[o].device;
+    return -2;
+}
+
+/* Cases of row br that were selected, and of those the ones it ran (did not call
+ * unsupported): "passed every case" must not stand for a backend that ran a third of them. */
+static void case_counts(const fp4d_report *rep, const fp4d_backend_report *br, size_t *selected, size_t *ran)
+{
+    *selected = *ran = 0;
+    for (size_t i = 0; i < rep->num_cases; i++) {
+        const fp4d_case_result *r = &br->results[i];
+        if (r->verdict == FP4D_VERDICT_UNSUPPORTED && !r->ran && !strcmp(r->detail, "not selected")) continue;
+        (*selected)++;
+        if (r->verdict != FP4D_VERDICT_UNSUPPORTED) (*ran)++;
+    }
+}
+
+/* The recommendation is one line (at most 255 characters: long names cut its tail). */
+static void set_recommendation(fp4d_report *rep, const char *fmt, ...) FP4D_PRINTF(2, 3);
+static void set_recommendation(fp4d_report *rep, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(rep->recommendation, sizeof rep->recommendation, fmt, ap);
+    va_end(ap);
+}
+
 static void recommend(fp4d_report *rep)
 {
-    size_t cand[256], nc = 0;
+    /* One candidate per backend name: under --device all a GPU backend has a row per device,
+     * and it qualifies only when it failed on none of them (a backend that is wrong on one
+     * GPU is not one to serve a model across them with; it was recommended by the row of a
+     * device it passed on). */
+    size_t cand[256], nc = 0, split = (size_t)-1;
+    int split_dev = -2;
     for (int pass = 0; pass < 2 && nc == 0; pass++)
         for (size_t b = 0; b < rep->num_backends && nc < 256; b++) {
             fp4d_backend_report *br = &rep->backends[b];
             if (br->verdict != FP4D_VERDICT_PASS || br->kind == FP4D_BACKEND_KIND_FAULTY) continue;
             bool is_ref = br->kind == FP4D_BACKEND_KIND_REFERENCE;
             if (pass == 0 && is_ref) continue;
+            bool seen = false;
+            for (size_t t = 0; t < nc && !seen; t++) seen = !strcmp(rep->backends[cand[t]].name, br->name);
+            if (seen) continue;
+            int bad_dev = failing_device(rep, b);
+            if (bad_dev != -2) {
+                if (split == (size_t)-1) split = b, split_dev = bad_dev;
+                continue;
+            }
             cand[nc++] = b;
         }
     rep->recommended[0] = '\0';
+    char note[128] = "";
+    if (split != (size_t)-1)
+        snprintf(note, sizeof note, "; not %s: it passed on device %d but fails on device %d",
+                 rep->backends[split].name, rep->backends[split].device, split_dev);
     if (nc == 0) {
-        snprintf(rep->recommendation, sizeof rep->recommendation,
-                 "no backend passed: do not serve FP4 models with these backends on this machine");
+        bool ran_any = false;
+        for (size_t b = 0; b < rep->num_backends && !ran_any; b++)
+            ran_any = rep->backends[b].verdict != FP4D_VERDICT_UNSUPPORTED;
+        if (ran_any)
+            set_recommendation(rep, "no backend passed: do not serve FP4 models with these backends on this machine%s", note);
+        else
+            set_recommendation(rep, "none: no backend ran any selected case here (unavailable, or no case selected)");
         return;
     }
     /* Compare on the largest GEMM case that every candidate passed. */
@@ -601,16 +694,21 @@ static void recommend(fp4d_report *rep)
     }
     const fp4d_backend_report *w = &rep->backends[win];
     snprintf(rep->recommended, sizeof rep->recommended, "%s", w->name);
+    size_t selected, ran;
+    case_counts(rep, w, &selected, &ran);
+    char only[64] = "";
+    if (ran < selected) snprintf(only, sizeof only, "; it supports only %zu of the %zu cases", ran, selected);
     if (nc == 1)
-        snprintf(rep->recommendation, sizeof rep->recommendation, "%s: the only %sbackend that passed every case%s",
-                 w->name, w->kind == FP4D_BACKEND_KIND_REFERENCE ? "" : "non-reference ",
-                 w->kind == FP4D_BACKEND_KIND_REFERENCE ? " (the exact reference is slow: fix or add a fast backend)" : "");
+        set_recommendation(rep, "%s: the only %sbackend that passed every case%s%s%s", w->name,
+                           w->kind == FP4D_BACKEND_KIND_REFERENCE ? "" : "non-reference ",
+                           w->kind == FP4D_BACKEND_KIND_REFERENCE ? " (the exact reference is slow: fix or add a fast backend)"
+                                                                  : "",
+                           only, note);
     else if (best_case != (size_t)-1)
-        snprintf(rep->recommendation, sizeof rep->recommendation,
-                 "%s: fastest of %zu backends that passed every case (%.3f ms on %s)", w->name, nc,
-                 w->results[best_case].time_ms, rep->cases[best_case].name);
+        set_recommendation(rep, "%s: fastest of %zu backends that passed every case they support (%.3f ms on %s)%s%s",
+                           w->name, nc, w->results[best_case].time_ms, rep->cases[best_case].name, only, note);
     else
-        snprintf(rep->recommendation, sizeof rep->recommendation, "%s: fastest of %zu passing backends", w->name, nc);
+        set_recommendation(rep, "%s: fastest of %zu passing backends%s%s", w->name, nc, only, note);
 }
 
 /* ---------------------------------------------------------------------------------------
@@ -634,6 +732,21 @@ static int env_device_count(const char *name)
     long n = strtol(v, &end, 10);
     if (*end || n <= 0) return 0;
     return n > FP4D_MAX_REPORT_DEVICES ? FP4D_MAX_REPORT_DEVICES : (int)n;
+}
+
+/* A device number from the environment (FP4DOCTOR_FAULTY_DEVICE): decimal digits only, no
+ * sign, spaces or trailing text; -1 for anything else (backend_faulty.c reads it the same
+ * way). */
+static int env_device_number(const char *text)
+{
+    if (!text || text[0] < '0' || text[0] > '9') return -1;
+    long v = 0;
+    for (const char *p = text; *p; p++) {
+        if (*p < '0' || *p > '9') return -1;
+        v = v * 10 + (*p - '0');
+        if (v > 1000000) return -1;
+    }
+    return (int)v;
 }
 
 /*
@@ -678,6 +791,15 @@ static void note_device_differences(fp4d_report *rep)
                  br->name, br->device, ref_row->device, ndiff, rep->cases[first].name,
                  fp4d_verdict_name(br->results[first].verdict), fp4d_verdict_name(ref_row->results[first].verdict));
     }
+}
+
+/* After the children: verdicts, causes and summaries, devices that disagree, the
+ * recommendation (doctor_internal.h). */
+void fp4d_report_finish(fp4d_report *rep)
+{
+    for (size_t b = 0; b < rep->num_backends; b++) summarise_backend(rep, &rep->backends[b]);
+    note_device_differences(rep);
+    recommend(rep);
 }
 
 fp4d_status fp4d_doctor_run(const fp4d_doctor_options *opt, fp4d_report *rep)
@@ -732,8 +854,27 @@ fp4d_status fp4d_doctor_run(const fp4d_doctor_options *opt, fp4d_report *rep)
     else
         for (int d = 0; d < ci.device_count && d < FP4D_MAX_GPUS; d++) all_devs[n_all++] = ci.gpus[d].index;
     /* FP4DOCTOR_FAULTY_DEVICE: faulty backends run per device so a fault pinned to one
-     * device can be seen to cost that device's verdicts only. */
-    bool faulty_per_device = opt->device == FP4D_DEVICE_ALL && getenv("FP4DOCTOR_FAULTY_DEVICE") && n_all > 0;
+     * device can be seen to cost that device's verdicts only. A value that is no device of
+     * this run stops it here: read loosely, "abc" pinned the fault to device 0 and "7" (of
+     * two devices) to none, and the run then "showed" a fault isolation that never happened. */
+    const char *pin = getenv("FP4DOCTOR_FAULTY_DEVICE");
+    if (pin && !*pin) pin = NULL; /* empty: unset, as the faulty backends read it */
+    if (pin) {
+        int pinned = env_device_number(pin);
+        bool known = pinned >= 0 && opt->device != FP4D_DEVICE_ALL;
+        for (int d = 0; d < n_all && pinned >= 0 && !known; d++) known = all_devs[d] == pinned;
+        if (!known) {
+            free(jobs), free(todo);
+            fp4d_report_free(rep);
+            if (pinned < 0)
+                return fp4d_set_error(FP4D_STATUS_INVALID_ARG,
+                                      "FP4DOCTOR_FAULTY_DEVICE='%.40s' is not a device number (a non-negative integer)", pin);
+            return fp4d_set_error(FP4D_STATUS_INVALID_ARG,
+                                  "FP4DOCTOR_FAULTY_DEVICE=%d names no device of --device all (%d device(s)%s)",
+                                  pinned, n_all, simulated > 0 ? ", FP4DOCTOR_SIMULATE_DEVICES" : "");
+        }
+    }
+    bool faulty_per_device = opt->device == FP4D_DEVICE_ALL && pin && n_all > 0;
     if (faulty_per_device || simulated > 0) {
         size_t need = nif * (size_t)(n_all > 0 ? n_all : 1) + 1;
         if (need > cap) {
@@ -816,9 +957,7 @@ fp4d_status fp4d_doctor_run(const fp4d_doctor_options *opt, fp4d_report *rep)
         fp4d_report_free(rep);
         return st;
     }
-    for (size_t b = 0; b < rep->num_backends; b++) summarise_backend(rep, &rep->backends[b]);
-    note_device_differences(rep);
-    recommend(rep);
+    fp4d_report_finish(rep);
     rep->wall_s = fp4d_now_s() - t0;
     return FP4D_STATUS_OK;
 }

@@ -5,7 +5,8 @@
  *           every failure class the faulty backends reproduce: an M sweep on one shape
  *           (M 1..257: in and out of the 32..1536 window, below and above 64 and 128 rows),
  *           N = 256 with M > 1, K = 4096, linear and swizzled scales, all three format pairs,
- *           the edge-case inputs, a grouped MoE GEMM with an empty expert, quantize cases.
+ *           the edge-case inputs, a grouped MoE GEMM with an empty expert and experts of
+ *           64, 85 and 151 rows, quantize cases.
  * default - quick plus the full M sweep 1..4096 on a narrow shape, the real LLM projections
  *           (4096x4096, 14336x4096, 4096x14336, 7168x18432) at small M, more MoE and quantize.
  * full    - default plus larger M on the LLM shapes and the sweep under every format pair.
@@ -134,7 +135,11 @@ static void add_quick(case_list *l)
     add_gemm(l, "edge", NV, NV, SWZ, FP4D_INPUT_ALL_ZERO, F32, 3, 64, 64);
     add_gemm(l, "edge", NV, NV, LIN, FP4D_INPUT_UNDERFLOW, F32, 5, 64, 192);
     add_gemm(l, "edge", NV, NV, SWZ, FP4D_INPUT_ZERO_BLOCKS, BF, 9, 80, 160);
-    add_moe(l, NV, SWZ, FP4D_INPUT_GAUSSIAN, 4, 24, 128, 256);
+    /* MoE: 300 rows over 4 experts give 85, 0, 151 and 64 rows (moe_offsets), so an
+     * expert's second 64-row half-tile and second 128-row tile are both exercised (FI PR
+     * #3533: rows 64..127 of an expert with > 64 rows came back zero). With 24 rows no
+     * expert reached 64 and such a kernel passed. */
+    add_moe(l, NV, SWZ, FP4D_INPUT_GAUSSIAN, 4, 300, 128, 256);
     add_quant(l, NV, FP4D_CONV_FLASHINFER_EXACT, SWZ, FP4D_INPUT_GAUSSIAN, 64, 256);
     add_quant(l, NV, FP4D_CONV_FLASHINFER_EXACT, LIN, FP4D_INPUT_NONFINITE, 32, 128);
     add_quant(l, MX, FP4D_CONV_FLASHINFER_EXACT, SWZ, FP4D_INPUT_GAUSSIAN, 32, 256);
