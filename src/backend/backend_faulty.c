@@ -58,25 +58,11 @@ typedef struct faulty_ctx {
     unsigned long calls; /* gemm calls on this instance (faulty-racy) */
 } faulty_ctx;
 
-/* FP4DOCTOR_FAULTY_DEVICE as a device number: decimal digits only, no sign, no spaces, no
- * trailing text. atoi() read "abc" as device 0 and "1x" as device 1, so a typo silently
- * pinned the fault to some device; such a value is refused instead (-1). */
-static int faulty_pinned_device(const char *text)
-{
-    if (!text || text[0] < '0' || text[0] > '9') return -1;
-    long v = 0;
-    for (const char *p = text; *p; p++) {
-        if (*p < '0' || *p > '9') return -1;
-        v = v * 10 + (*p - '0');
-        if (v > 1000000) return -1;
-    }
-    return (int)v;
-}
-
 static fp4d_status faulty_init(void *user_data, int device, void **ctx, fp4d_reason *why)
 {
     const char *pin = getenv("FP4DOCTOR_FAULTY_DEVICE");
-    int pinned = pin && *pin ? faulty_pinned_device(pin) : -1;
+    /* digits only (fp4d_env_digits): a typo must not pin the fault to some device */
+    int pinned = pin && *pin ? (int)fp4d_env_digits(pin, 1000000) : -1;
     if (pin && *pin && pinned < 0) {
         snprintf(why->text, sizeof why->text,
                  "FP4DOCTOR_FAULTY_DEVICE='%.40s' is not a device number (a non-negative integer)", pin);

@@ -42,6 +42,11 @@ size_t fp4d_utf8_seq_len(const unsigned char *s, size_t n);
  * and U+FFFE/U+FFFF become '?'. Tabs and newlines too: such text is one line. */
 void fp4d_text_clean(char *s);
 
+/* A number in an environment variable read as decimal digits only - no sign, spaces or
+ * trailing text - at most max; -1 for anything else, empty included. atoi() read "abc" as 0
+ * and "1x" as 1, so a typo in a test switch silently meant some device. */
+long fp4d_env_digits(const char *text, long max);
+
 /* In a child just forked from parent: has it killed (SIGKILL) when the parent exits, so that
  * a `check` or `replay` killed by a signal leaves no child running on - a hung one would
  * otherwise never end, as only the parent's time limit stops it. False when that cannot be

@@ -45,3 +45,15 @@ void fp4d_text_clean(char *s)
         }
     }
 }
+
+long fp4d_env_digits(const char *text, long max)
+{
+    if (!text || !*text) return -1;
+    long v = 0;
+    for (const char *p = text; *p; p++) {
+        if (*p < '0' || *p > '9') return -1;
+        v = v * 10 + (*p - '0');
+        if (v > max) return -1;
+    }
+    return v;
+}

@@ -361,7 +361,7 @@ static fp4d_cause match_zero_rows(judge_ctx *j, const out_scan *sc, const accura
     uint8_t *flag = malloc((size_t)c->m);
     if (!flag) return FP4D_CAUSE_UNKNOWN;
     for (int64_t m = 0; m < c->m; m++) flag[m] = sc->nonzero_per_row[m] == 0 && acc->row_ref_nonzero[m];
-    char rows[FP4D_DETAIL_MAX];
+    char rows[FP4D_DETAIL_MAX / 2]; /* half the detail: the advice must fit after it */
     bool grouped = c->op == FP4D_CASE_GROUPED && j->d->num_b > 1;
     fp4d_describe_rows(flag, c->m, j->d->offsets, grouped ? j->d->num_b : 0, rows, sizeof rows);
     free(flag);

@@ -696,7 +696,7 @@ static void recommend(fp4d_report *rep)
     snprintf(rep->recommended, sizeof rep->recommended, "%s", w->name);
     size_t selected, ran;
     case_counts(rep, w, &selected, &ran);
-    char only[64] = "";
+    char only[96] = "";
     if (ran < selected) snprintf(only, sizeof only, "; it supports only %zu of the %zu cases", ran, selected);
     if (nc == 1)
         set_recommendation(rep, "%s: the only %sbackend that passed every case%s%s%s", w->name,
@@ -723,30 +723,13 @@ bool fp4d_case_selected(const fp4d_doctor_options *o, const fp4d_case *c)
     return false;
 }
 
-/* A positive count from the environment (FP4DOCTOR_SIMULATE_DEVICES), else 0. */
+/* A positive count from the environment (FP4DOCTOR_SIMULATE_DEVICES), else 0 (digits only,
+ * as the child reads it: fp4d_env_digits). */
 static int env_device_count(const char *name)
 {
-    const char *v = getenv(name);
-    if (!v || !*v) return 0;
-    char *end;
-    long n = strtol(v, &end, 10);
-    if (*end || n <= 0) return 0;
+    const long n = fp4d_env_digits(getenv(name), 1000000);
+    if (n <= 0) return 0;
     return n > FP4D_MAX_REPORT_DEVICES ? FP4D_MAX_REPORT_DEVICES : (int)n;
-}
-
-/* A device number from the environment (FP4DOCTOR_FAULTY_DEVICE): decimal digits only, no
- * sign, spaces or trailing text; -1 for anything else (backend_faulty.c reads it the same
- * way). */
-static int env_device_number(const char *text)
-{
-    if (!text || text[0] < '0' || text[0] > '9') return -1;
-    long v = 0;
-    for (const char *p = text; *p; p++) {
-        if (*p < '0' || *p > '9') return -1;
-        v = v * 10 + (*p - '0');
-        if (v > 1000000) return -1;
-    }
-    return (int)v;
 }
 
 /*
@@ -860,7 +843,7 @@ fp4d_status fp4d_doctor_run(const fp4d_doctor_options *opt, fp4d_report *rep)
     const char *pin = getenv("FP4DOCTOR_FAULTY_DEVICE");
     if (pin && !*pin) pin = NULL; /* empty: unset, as the faulty backends read it */
     if (pin) {
-        int pinned = env_device_number(pin);
+        int pinned = (int)fp4d_env_digits(pin, 1000000);
         bool known = pinned >= 0 && opt->device != FP4D_DEVICE_ALL;
         for (int d = 0; d < n_all && pinned >= 0 && !known; d++) known = all_devs[d] == pinned;
         if (!known) {
