@@ -7,9 +7,11 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "backend/gpu_info.h"
 #include "backend/verdict_cache.h"
 #include "cli.h"
 #include "fp4doctor/doctor.h"
+#include "internal.h"
 
 static void usage(FILE *f)
 {
@@ -138,6 +140,16 @@ int cmd_check(int argc, char **argv)
             goto out;
         }
     }
+    /* Two reports into one destination: on stdout ("-") they came out interleaved, neither
+     * valid JSON nor XML, with exit 0; into one file the last rename won in silence. */
+    const char *report_opt[3] = {"--json", "--junit", "--html"}, *report_path[3] = {json_path, junit_path, html_path};
+    for (int a = 0; a < 3; a++)
+        for (int b = a + 1; b < 3; b++)
+            if (report_path[a] && report_path[b] && !strcmp(report_path[a], report_path[b])) {
+                rc = cli_fail(FP4D_EXIT_USAGE, cmd, "%s and %s both write '%s': give each report its own file",
+                              report_opt[a], report_opt[b], report_path[a]);
+                goto out;
+            }
     opt.plugins = plugins;
     opt.case_filter = filters;
     opt.self_exe = "/proc/self/exe";
@@ -153,6 +165,19 @@ int cmd_check(int argc, char **argv)
             if (fp4d_case_selected(&opt, &cases[i])) printf("%-8s %s\n", cases[i].group, cases[i].name);
         free(cases);
         goto out;
+    }
+
+    /* A GPU that is not there is a usage error, as in `bench`: every GPU backend would be
+     * UNSUPPORTED ("GPU 3 does not exist") and the run exit 0, a false green in CI. With no
+     * GPU at all the GPU backends are UNSUPPORTED for that reason instead. */
+    if (opt.device >= 0 && fp4d_env_digits(getenv("FP4DOCTOR_SIMULATE_DEVICES"), 1000000) <= 0) {
+        fp4d_cuda_info ci;
+        fp4d_cuda_query(&ci);
+        if (ci.device_count > 0 && opt.device >= ci.device_count) {
+            rc = cli_fail(FP4D_EXIT_USAGE, cmd, "GPU %d does not exist (this machine has %d)", opt.device,
+                          ci.device_count);
+            goto out;
+        }
     }
 
     /* Load plugins and check backend names here, so that a typo is a usage error. */

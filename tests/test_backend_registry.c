@@ -198,6 +198,49 @@ static void test_verdict_cache_home_and_write_errors(void **state)
     free(old_home);
 }
 
+/* fp4d_backend_quantize checks the problem before a backend sees it, as gemm() problems are
+ * validated: the cuda quantizer took cols = -16 (its own `cols % 16` check passed) and read far
+ * past its buffers. */
+static int toy_quantize_calls;
+static fp4d_status toy_quantize(void *ctx, fp4d_quantize_problem *q)
+{
+    (void)ctx;
+    toy_quantize_calls++;
+    return fp4d_quantize(&q->params, q->src_type, q->src, q->rows, q->cols, q->codes, q->scales, &q->result);
+}
+
+static void test_quantize_problems_are_checked(void **state)
+{
+    (void)state;
+    static toy_conf conf = {0, false, false, NULL};
+    static fp4d_backend_iface f;
+    f = toy_iface("toy-quant", &conf);
+    f.quantize = toy_quantize;
+    f.caps |= FP4D_CAP_QUANTIZE;
+    assert_int_equal(fp4d_registry_add(&f), FP4D_STATUS_OK);
+    fp4d_backend_t b = NULL;
+    fp4d_reason why;
+    assert_int_equal(fp4d_backend_open("toy-quant", -1, &b, &why), FP4D_STATUS_OK);
+    float src[32] = {1.0f, -2.0f, 3.0f};
+    uint8_t codes[16], scales[2];
+    fp4d_quantize_problem q = {{FP4D_DTYPE_NVFP4, FP4D_CONV_FLASHINFER_EXACT, FP4D_LAYOUT_LINEAR, 0.0f},
+                               FP4D_DTYPE_F32, src, 1, -16, codes, scales, {0, 0}};
+    toy_quantize_calls = 0;
+    assert_int_equal(fp4d_backend_quantize(b, &q, &why), FP4D_STATUS_INVALID_ARG);
+    assert_non_null(strstr(why.text, "negative shape"));
+    q.cols = 32;
+    q.params.scale_layout = (fp4d_scale_layout)7;
+    assert_int_equal(fp4d_backend_quantize(b, &q, &why), FP4D_STATUS_INVALID_ARG);
+    q.params.scale_layout = FP4D_LAYOUT_LINEAR;
+    q.codes = NULL;
+    assert_int_equal(fp4d_backend_quantize(b, &q, &why), FP4D_STATUS_INVALID_ARG);
+    assert_int_equal(toy_quantize_calls, 0);
+    q.codes = codes;
+    assert_int_equal(fp4d_backend_quantize(b, &q, &why), FP4D_STATUS_OK);
+    assert_int_equal(toy_quantize_calls, 1);
+    fp4d_backend_close(b);
+}
+
 static void test_add_rejects_bad_ifaces(void **state)
 {
     (void)state;
@@ -414,6 +457,7 @@ int main(void)
         cmocka_unit_test(test_add_rejects_bad_ifaces),
         cmocka_unit_test(test_reasons_are_cleaned),
         cmocka_unit_test(test_verdict_cache_home_and_write_errors),
+        cmocka_unit_test(test_quantize_problems_are_checked),
         cmocka_unit_test(test_open_close_supports),
         cmocka_unit_test(test_auto),
     };

@@ -466,6 +466,41 @@ static void drop_scratch_cache(const char *dir)
     rmdir(dir);
 }
 
+/* A child that retires itself (as after a lost CUDA context, simulated by the test switch
+ * FP4DOCTOR_CHILD_RETIRE_AFTER) is followed by a fresh child for the remaining cases: every
+ * case still gets its own verdict. Before, a child ending itself between cases marked all the
+ * remaining ones ERROR ("the child exited with code 0"). */
+static void test_retired_child_is_replaced(void **state)
+{
+    (void)state;
+    setenv("FP4DOCTOR_CHILD_RETIRE_AFTER", "3", 1);
+    const char *backends[] = {"cpu", "faulty-zeros"};
+    fp4d_doctor_options o;
+    memset(&o, 0, sizeof o);
+    o.suite = FP4D_SUITE_QUICK;
+    o.seed = 1;
+    o.backends = backends;
+    o.num_backends = 2;
+    o.device = -1;
+    o.include_faulty = true;
+    o.self_exe = bin();
+    fp4d_report rep;
+    assert_int_equal(fp4d_doctor_run(&o, &rep), FP4D_STATUS_OK);
+    unsetenv("FP4DOCTOR_CHILD_RETIRE_AFTER");
+    size_t zeros = 0;
+    for (size_t i = 0; i < rep.num_cases; i++) {
+        const fp4d_case_result *cpu = &rep.backends[0].results[i], *fz = &rep.backends[1].results[i];
+        assert_true(cpu->ran);
+        if (cpu->verdict != FP4D_VERDICT_PASS) fail_msg("cpu case %zu: %s", i, cpu->detail);
+        assert_int_not_equal(fz->verdict, FP4D_VERDICT_ERROR);
+        zeros += fz->verdict == FP4D_VERDICT_ZEROS;
+    }
+    assert_true(rep.num_cases > 6);
+    assert_true(zeros > 6); /* the faulty backend's own verdicts survived the restarts */
+    assert_int_equal(rep.backends[0].verdict, FP4D_VERDICT_PASS);
+    fp4d_report_free(&rep);
+}
+
 static void test_verdict_cache(void **state)
 {
     char dir[] = "/tmp/fp4d_cacheXXXXXX";
@@ -742,6 +777,7 @@ int main(void)
         cmocka_unit_test(test_case_filtered_run_caches_failures_only),
         cmocka_unit_test(test_report_into_a_closed_pipe_exits_3),
         cmocka_unit_test(test_killed_check_leaves_no_children),
+        cmocka_unit_test(test_retired_child_is_replaced),
         cmocka_unit_test(test_concurrent_checks_keep_every_entry),
         cmocka_unit_test(test_crash_and_hang_restart_and_reports),
         cmocka_unit_test(test_quick_suite_classifies_every_faulty_backend),

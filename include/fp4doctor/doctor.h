@@ -225,6 +225,9 @@ bool fp4d_case_selected(const fp4d_doctor_options *opt, const fp4d_case *c);
  *   FP4DOCTOR_FAULTY_DEVICE=D     with --device all, faulty-* backends run once per device
  *                                 and misbehave only on device D (a device-side fault
  *                                 injected into one device's child).
+ *   FP4DOCTOR_CHILD_RETIRE_AFTER=N  every child ends itself after N results, as one does
+ *                                 when a failed case left its CUDA context lost (a sticky
+ *                                 error), and a fresh child runs the remaining cases.
  */
 
 /* Per-case time limits are multiplied by FP4DOCTOR_TIMEOUT_SCALE (a positive number,

@@ -34,7 +34,15 @@ typedef struct fp4d_cuda_info {
     fp4d_gpu_info gpus[FP4D_MAX_GPUS];
 } fp4d_cuda_info;
 
-/* Fills *out; never crashes on a machine without a GPU or driver. Cheap after the first call. */
+/* Fills *out; never crashes on a machine without a GPU or driver. Cheap after the first call.
+ * Creates no CUDA context: a parent that holds one on every GPU keeps its children from using
+ * a GPU in EXCLUSIVE_PROCESS compute mode, and holds hundreds of MB of each GPU's memory. */
 void fp4d_cuda_query(fp4d_cuda_info *out);
+
+/* Whether this process's CUDA context on `device` is broken for good: a sticky error (an
+ * illegal address, a kernel trap or launch failure) that every later call would return
+ * again. A non-sticky error left pending is cleared. On true, why gets the error's name.
+ * False without CUDA. */
+bool fp4d_cuda_context_lost(int device, char *why, size_t size);
 
 #endif

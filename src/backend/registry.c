@@ -541,7 +541,10 @@ fp4d_status fp4d_backend_quantize(fp4d_backend_t b, fp4d_quantize_problem *q, fp
         reason_set(why, "%s has no quantizer", b->iface->name);
         return fp4d_set_error(FP4D_STATUS_UNSUPPORTED, "%s has no quantizer", b->iface->name);
     }
-    fp4d_status st = b->iface->quantize(b->ctx, q);
+    /* the reference quantizer's checks first: a backend sees only a well-formed problem, as
+     * gemm() does (fp4d_gemm_validate) */
+    fp4d_status st = fp4d_quantize_check(&q->params, q->src_type, q->src, q->rows, q->cols, q->codes, q->scales);
+    if (st == FP4D_STATUS_OK) st = b->iface->quantize(b->ctx, q);
     if (st != FP4D_STATUS_OK) reason_set(why, "%s", fp4d_last_error());
     return st;
 }

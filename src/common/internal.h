@@ -6,6 +6,7 @@
 #include <stddef.h>
 #include <sys/types.h>
 
+#include "fp4doctor/formats.h"
 #include "fp4doctor/fp4doctor.h"
 
 #if defined(__GNUC__)
@@ -41,6 +42,11 @@ size_t fp4d_utf8_seq_len(const unsigned char *s, size_t n);
  * of an invalid UTF-8 sequence, C0 and C1 control characters (terminal escape sequences), DEL
  * and U+FFFE/U+FFFF become '?'. Tabs and newlines too: such text is one line. */
 void fp4d_text_clean(char *s);
+
+/* fp4d_quantize's argument checks (formats/quantize.c), for callers that hand the problem to
+ * another quantizer (fp4d_backend_quantize): OK, or INVALID_ARG with the reason. */
+fp4d_status fp4d_quantize_check(const fp4d_quantize_params *p, fp4d_dtype src_type, const void *src, int64_t rows,
+                                int64_t cols, const uint8_t *codes, const uint8_t *scales);
 
 /* A number in an environment variable read as decimal digits only - no sign, spaces or
  * trailing text - at most max; -1 for anything else, empty included. atoi() read "abc" as 0

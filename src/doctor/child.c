@@ -10,6 +10,8 @@
  *   {"event":"call","case":I}               calling the backend (the timed part)
  *   {"event":"called","case":I}             the backend returned; judging
  *   {"event":"result","case":I,"result":{...}}
+ *   {"event":"retire","reason":"..."}       the device is lost: the remaining cases need a
+ *                                           fresh child (then exit 0)
  *   {"event":"fatal","message":"..."}       the child could not start (exit 4)
  */
 #include <errno.h>
@@ -120,6 +122,8 @@ int fp4d_doctor_child_main(int argc, char **argv, int out_fd)
     emit(json_pack("{s:s}", "event", "ready"));
     fp4d_doctor_set_call_hook(on_hook, NULL);
 
+    const long retire_after = fp4d_env_digits(getenv("FP4DOCTOR_CHILD_RETIRE_AFTER"), 1000000);
+    long results = 0;
     const char *p = cases_arg;
     while (*p) {
         char *end;
@@ -139,6 +143,25 @@ int fp4d_doctor_child_main(int argc, char **argv, int out_fd)
         }
         emit(json_pack("{s:s, s:i, s:o}", "event", "result", "case", current_case, "result",
                        fp4d_result_to_json(&r)));
+        /* A GPU backend's failed case may have left the CUDA context broken: an illegal
+         * address or a trap in a kernel is sticky, and every later call in this process fails
+         * with it, so each remaining case would be an ERROR repeating the first fault. They run
+         * in a fresh child instead, as after a crash. FP4DOCTOR_CHILD_RETIRE_AFTER=N (a test
+         * switch, doctor.h) retires every child after N results as if its device were lost. */
+        char lost[256] = "";
+        results++;
+        bool retire = r.verdict == FP4D_VERDICT_ERROR && bi && (bi->caps & FP4D_CAP_NEEDS_DEVICE) &&
+                      fp4d_cuda_context_lost(physical < 0 ? 0 : physical, lost, sizeof lost);
+        if (!retire && retire_after > 0 && results >= retire_after && *p) {
+            snprintf(lost, sizeof lost, "FP4DOCTOR_CHILD_RETIRE_AFTER=%ld", retire_after);
+            retire = true;
+        }
+        if (retire) {
+            emit(json_pack("{s:s, s:s}", "event", "retire", "reason", lost));
+            free(cases);
+            fclose(child_out);
+            return FP4D_EXIT_OK; /* the backend is not closed: its context is gone */
+        }
     }
     fp4d_backend_close(b);
     free(cases);

@@ -8,7 +8,8 @@
  *  - the backend call running past its limit (FP4DOCTOR_TIMEOUT_SCALE scales it) costs a
  *    TIMEOUT, the child is killed;
  *  - in both cases a FRESH child runs the backend's remaining cases (a crash may leave a
- *    poisoned GPU context behind: never reuse the process). After a backend's second
+ *    poisoned GPU context behind: never reuse the process), and so it does when a child
+ *    retires itself after a case that left its CUDA context lost (a sticky error: child.c). After a backend's second
  *    TIMEOUT its remaining cases are marked not run, because every further hang would cost
  *    another full time limit.
  * Results are stored by (backend, case), so the report's order does not depend on which
@@ -53,6 +54,7 @@ typedef struct job {
     double              deadline;
     int                 timeouts;
     bool                unavailable, fatal, running, done;
+    bool                retired;   /* the child said its device is lost: restart, no fault */
 } job;
 
 static const fp4d_case *g_cases;
@@ -141,6 +143,7 @@ static fp4d_status spawn(job *j)
     j->ph = PH_STARTING;
     j->current = -1;
     j->first_in_child = true;
+    j->retired = false;
     j->running = true;
     /* Opening a backend may load plugins and create a GPU context. */
     j->deadline = fp4d_now_s() + 60.0 * fp4d_timeout_scale();
@@ -170,6 +173,8 @@ static void handle_line(job *j, const char *line)
         snprintf(j->rep->unavailable, sizeof j->rep->unavailable, "%s",
                  why && why[0] ? why : "unavailable");
         j->unavailable = true;
+    } else if (!strcmp(name, "retire")) {
+        j->retired = true;
     } else if (!strcmp(name, "fatal")) {
         const char *why = json_string_value(json_object_get(ev, "message"));
         snprintf(j->rep->unavailable, sizeof j->rep->unavailable, "child failed: %s", why ? why : "?");
@@ -285,6 +290,10 @@ static fp4d_status child_ended(job *j, bool killed_for_timeout, double limit)
     } else if (j->fatal) {
         mark_rest(j, FP4D_VERDICT_ERROR, false, j->rep->unavailable);
         return FP4D_STATUS_OK;
+    } else if (j->retired && !in_case && WIFEXITED(status) && WEXITSTATUS(status) == 0) {
+        /* the child ended itself after a result, its CUDA context lost (child.c): the case
+         * that broke it has its verdict; the rest go to a fresh child below */
+        j->retired = false;
     } else if (WIFSIGNALED(status)) {
         int sig = WTERMSIG(status);
         if (!in_case) {

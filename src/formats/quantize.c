@@ -45,9 +45,11 @@ static void tensor_stats(fp4d_dtype t, const void *src, int64_t rows, int64_t co
     st->amax_torch = any_nan ? NAN : amax;
 }
 
-fp4d_status fp4d_quantize(const fp4d_quantize_params *p, fp4d_dtype src_type, const void *src,
-                          int64_t rows, int64_t cols, uint8_t *codes, uint8_t *scales,
-                          fp4d_quantize_result *result)
+/* The argument checks of fp4d_quantize, also run by fp4d_backend_quantize before any backend
+ * sees the problem (internal.h): a GPU quantizer given cols = -16 passed its own
+ * `cols % 16` check and read far past a buffer. */
+fp4d_status fp4d_quantize_check(const fp4d_quantize_params *p, fp4d_dtype src_type, const void *src, int64_t rows,
+                                int64_t cols, const uint8_t *codes, const uint8_t *scales)
 {
     FP4D_RETURN_ERROR_IF(!p, INVALID_ARG, "quantize: no parameters");
     FP4D_RETURN_ERROR_IF(p->format != FP4D_DTYPE_NVFP4 && p->format != FP4D_DTYPE_MXFP4, INVALID_ARG,
@@ -78,6 +80,16 @@ fp4d_status fp4d_quantize(const fp4d_quantize_params *p, fp4d_dtype src_type, co
     const bool empty = rows == 0 || cols == 0;
     FP4D_RETURN_ERROR_IF(!empty && (!src || !codes || !scales), INVALID_ARG, "quantize: NULL buffer");
 
+    return FP4D_STATUS_OK;
+}
+
+fp4d_status fp4d_quantize(const fp4d_quantize_params *p, fp4d_dtype src_type, const void *src,
+                          int64_t rows, int64_t cols, uint8_t *codes, uint8_t *scales,
+                          fp4d_quantize_result *result)
+{
+    FP4D_FORWARD_IF_ERROR(fp4d_quantize_check(p, src_type, src, rows, cols, codes, scales));
+    const int block = (int)fp4d_dtype_get(p->format)->block_size;
+    const bool empty = rows == 0 || cols == 0;
     const int64_t scale_cols = cols / block;
     const fp4d_block_quantizer quantize_block = fp4d_convention_block_quantizer(p->convention, p->format);
     float *scratch = NULL;

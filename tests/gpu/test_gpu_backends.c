@@ -27,8 +27,12 @@
 #include "fp4doctor/ref.h"
 #ifdef FP4D_TEST_CUDA_KERNELS
 #include <cuda_runtime.h>
+#include <dlfcn.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "backend/cuda/kernels.h"
+#include "backend/gpu_info.h"
 #endif
 
 /* ---- random operands ------------------------------------------------------------------ */
@@ -1406,15 +1410,98 @@ static void test_cuda_hold_stream(void **state)
 #endif
 }
 
+/* The query `check`'s parent makes (fp4d_cuda_query) creates no CUDA context: one held by the
+ * parent on every GPU kept its children from a GPU in EXCLUSIVE_PROCESS mode. Runs first, in a
+ * process that has done nothing on the GPU yet but fp4d_registry_init. */
+static void test_query_opens_no_context(void **state)
+{
+    (void)state;
+#ifdef FP4D_TEST_CUDA_KERNELS
+    fp4d_cuda_info ci;
+    fp4d_cuda_query(&ci);
+    if (ci.device_count == 0) skip();
+    /* the driver API through dlopen: linked, libcuda would keep this test from starting on
+     * machines without a driver (CI), where it must skip */
+    void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    assert_non_null(lib);
+    int (*cu_init)(unsigned) = (int (*)(unsigned))dlsym(lib, "cuInit");
+    int (*cu_device_get)(int *, int) = (int (*)(int *, int))dlsym(lib, "cuDeviceGet");
+    int (*cu_ctx_state)(int, unsigned *, int *) = (int (*)(int, unsigned *, int *))dlsym(lib, "cuDevicePrimaryCtxGetState");
+    assert_true(cu_init && cu_device_get && cu_ctx_state);
+    assert_int_equal(cu_init(0), 0);
+    for (int d = 0; d < ci.device_count; d++) {
+        int dev = -1, active = -1;
+        unsigned flags = 0;
+        assert_int_equal(cu_device_get(&dev, d), 0);
+        assert_int_equal(cu_ctx_state(dev, &flags, &active), 0);
+        fprintf(stderr, "  GPU %d (%s): primary context %s after the query\n", d, ci.gpus[d].name,
+                active ? "ACTIVE" : "inactive");
+        assert_int_equal(active, 0);
+    }
+    dlclose(lib);
+#else
+    skip();
+#endif
+}
+
+#ifdef FP4D_TEST_CUDA_KERNELS
+/* In a process of its own (re-executed, argv[1] = "--lose-context"): a pending error that is
+ * not sticky is not a lost context; a kernel writing to an address that is not mapped is. */
+static int lose_context_child(void)
+{
+    char why[256] = "";
+    void *p = NULL;
+    if (cudaSetDevice(0) != cudaSuccess || cudaMalloc(&p, 4096) != cudaSuccess) return 10;
+    if (fp4d_cuda_context_lost(0, why, sizeof why)) return 11;
+    void *huge = NULL;
+    if (cudaMalloc(&huge, (size_t)1 << 62) == cudaSuccess) return 12; /* fails, not sticky */
+    if (fp4d_cuda_context_lost(0, why, sizeof why)) return 13;
+    if (cudaMemset(p, 0, 4096) != cudaSuccess) return 14; /* the context still works */
+    (void)fp4d_cuda_fill_random_fp4((uint8_t *)(uintptr_t)0x10, (size_t)1 << 20, 1, NULL);
+    if (!fp4d_cuda_context_lost(0, why, sizeof why)) return 15;
+    fprintf(stderr, "  %s\n", why);
+    return strstr(why, "cudaError") ? 0 : 16;
+}
+#endif
+
+static void test_cuda_context_lost(void **state)
+{
+    (void)state;
+#ifdef FP4D_TEST_CUDA_KERNELS
+    fp4d_cuda_info ci;
+    fp4d_cuda_query(&ci);
+    if (ci.device_count == 0) skip();
+    const pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        execl("/proc/self/exe", "test_gpu_backends", "--lose-context", (char *)NULL);
+        _exit(127);
+    }
+    int st = 0;
+    assert_int_equal(waitpid(pid, &st, 0), pid);
+    assert_true(WIFEXITED(st));
+    assert_int_equal(WEXITSTATUS(st), 0);
+#else
+    skip();
+#endif
+}
+
 static void test_cublaslt(void **state) { (void)state; native_backend("cublaslt"); }
 static void test_cudnn(void **state) { (void)state; native_backend("cudnn"); }
 
-int main(void)
+int main(int argc, char **argv)
 {
+#ifdef FP4D_TEST_CUDA_KERNELS
+    if (argc > 1 && !strcmp(argv[1], "--lose-context")) return lose_context_child();
+#else
+    (void)argc, (void)argv;
+#endif
     assert_int_equal(fp4d_registry_init(NULL), FP4D_STATUS_OK);
     /* FP4D_GPU_TEST_FILTER=test_cuda* runs a subset (e.g. under compute-sanitizer) */
     if (getenv("FP4D_GPU_TEST_FILTER")) cmocka_set_test_filter(getenv("FP4D_GPU_TEST_FILTER"));
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_query_opens_no_context), /* first: nothing has touched the GPU yet */
+        cmocka_unit_test(test_cuda_context_lost),
         cmocka_unit_test(test_cuda_gemm_sweep),
         cmocka_unit_test(test_cuda_deterministic_split_k),
         cmocka_unit_test(test_cuda_gemv),

@@ -42,6 +42,9 @@
 /* rows of one expert from which, on sm_90a, the weights are dequantized once into a bf16/f16
  * copy and the plain wgmma GEMM runs (FP4DOCTOR_CUDA_WG_DENSE_MIN_M; 0 = never) */
 #define FP4D_CUDA_WG_DENSE_MIN_M_DEFAULT 512
+/* rows one call may have: 65535 (the grid's y limit) 32-row tiles of the simt path
+ * (fp4d_cuda_simt_gemm), the first path to reach its grid limit */
+#define CUDA_MAX_ROWS (INT64_C(65535) * 32)
 
 typedef struct cuda_ctx {
     int          device, sm_count, cc;
@@ -581,6 +584,13 @@ static bool cuda_supports(void *ctx, const fp4d_gemm_desc *d, fp4d_reason *why)
     }
     if (d->m > (INT64_C(1) << 31) || d->n > (INT64_C(1) << 31)) {
         fp4d_cuda_reason(why, "M and N above 2^31 are not supported");
+        return false;
+    }
+    /* Some paths put row tiles on the grid's y or z dimension (at most 65535 blocks): the
+     * simt path's 32-row tiles (f32 activations) reach it first. Refused here rather than
+     * failing at launch, which the doctor would count against the backend. */
+    if (d->m > CUDA_MAX_ROWS) {
+        fp4d_cuda_reason(why, "more than %lld rows per call (CUDA grid limit): split the call", (long long)CUDA_MAX_ROWS);
         return false;
     }
     return true;

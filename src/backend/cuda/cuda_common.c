@@ -17,6 +17,10 @@ void fp4d_cuda_reason(fp4d_reason *why, const char *fmt, ...)
 
 fp4d_status fp4d_cuda_status(int cuda_error, const char *what)
 {
+    /* Reported once: left pending, a non-sticky error (a refused attribute, a failed
+     * allocation) was returned again by the cudaGetLastError of a later, successful call
+     * (fp4d_cuda_sync). A sticky one stays whatever is cleared. */
+    (void)cudaGetLastError();
     return fp4d_set_error(FP4D_STATUS_DEVICE, "%s: %s (%s)", what, cudaGetErrorString((cudaError_t)cuda_error),
                           cudaGetErrorName((cudaError_t)cuda_error));
 }

@@ -105,11 +105,11 @@ static void query_once(void)
             (void)cudaGetLastError();
             g->pci_bus_id[0] = '\0';
         }
-        /* Native code = the kernel image the runtime picks is SASS for this exact
-         * architecture, not PTX compiled by the driver at load time. */
-        int bin = 0, ptx = 0;
-        g->has_native_code = fp4d_cuda_kernel_binary_version(d, &bin, &ptx) == 0 &&
-                             has_sass_for(out->built_archs, p.major, p.minor);
+        /* Native code = this build carries SASS for this exact architecture, not PTX the
+         * driver would compile at load time. From the build's list, not by asking the runtime
+         * which image it loads (cudaFuncGetAttributes): that creates a context on every GPU
+         * (fp4d_cuda_query). The backends' init asks the runtime, in their own process. */
+        g->has_native_code = has_sass_for(out->built_archs, p.major, p.minor);
     }
 }
 
@@ -117,4 +117,16 @@ void fp4d_cuda_query(fp4d_cuda_info *out)
 {
     pthread_once(&cached_once, query_once);
     *out = cached;
+}
+
+bool fp4d_cuda_context_lost(int device, char *why, size_t size)
+{
+    if (cudaSetDevice(device) != cudaSuccess) (void)cudaGetLastError();
+    cudaError_t e = cudaDeviceSynchronize();
+    if (e == cudaSuccess) return false;
+    (void)cudaGetLastError(); /* clears a non-sticky error; a sticky one stays */
+    e = cudaDeviceSynchronize();
+    if (e == cudaSuccess) return false;
+    snprintf(why, size, "the CUDA context is lost: %s (%s)", cudaGetErrorString(e), cudaGetErrorName(e));
+    return true;
 }

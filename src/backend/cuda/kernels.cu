@@ -4373,13 +4373,12 @@ extern "C" int32_t fp4d_cuda_skinny_pick_splits(const fp4d_skinny_args *args, in
 template <int AK, bool BNV, bool ROWS16>
 static int launch_decode(const fp4d_skinny_args *args, cudaStream_t s)
 {
-    static bool attr_set = false; /* the dynamic shared memory exceeds the 48 KB default */
-    if (!attr_set) {
-        const cudaError_t e = cudaFuncSetAttribute(decode_kernel<AK, BNV, ROWS16>,
-                                                   cudaFuncAttributeMaxDynamicSharedMemorySize, (int)DK_SMEM);
-        if (e != cudaSuccess) return (int)e;
-        attr_set = true;
-    }
+    /* the dynamic shared memory exceeds the 48 KB default; the attribute belongs to the
+     * current device, so it is set on every launch (as the other launchers do): kept in a
+     * static flag, a second GPU of the same process failed with "invalid argument" */
+    const cudaError_t e = cudaFuncSetAttribute(decode_kernel<AK, BNV, ROWS16>,
+                                               cudaFuncAttributeMaxDynamicSharedMemorySize, (int)DK_SMEM);
+    if (e != cudaSuccess) return (int)e;
     const dim3 grid((unsigned)((args->n + DK_BN - 1) / DK_BN), (unsigned)args->splits, (unsigned)args->num_items);
     decode_kernel<AK, BNV, ROWS16><<<grid, DK_WARPS * 32, DK_SMEM, s>>>(*args);
     return (int)cudaGetLastError();
