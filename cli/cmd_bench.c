@@ -14,16 +14,19 @@
 #include <errno.h>
 #include <jansson.h>
 #include <math.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "backend/gpu_info.h"
 #include "cli.h"
 #include "clock.h"
 #include "fp4doctor/backend.h"
+#include "internal.h"
 #include "fp4doctor/formats.h"
 #ifdef FP4D_USE_CUDA
 #include "backend/cuda/cuda_backends.h"
@@ -32,6 +35,17 @@
 #define MAX_LIST 32
 #define MAX_ROUNDS 16
 #define LIST_BYTES 4096 /* room for MAX_LIST items of up to 127 characters */
+
+/* Ctrl-C: the configuration being timed is given up, the rows measured so far are reported
+ * (table and JSON) and the run exits 1. Without it the process died with nothing printed and
+ * left the JSON report's temporary file (FILE.tmp-XXXXXX) beside the user's FILE. */
+static volatile sig_atomic_t bench_interrupted;
+
+static void on_sigint(int sig)
+{
+    (void)sig;
+    bench_interrupted = 1; /* SA_RESETHAND: a second Ctrl-C kills as usual */
+}
 
 typedef struct bench_opts {
     const char *backends[MAX_LIST];
@@ -176,6 +190,9 @@ static fp4d_status host_time(const fp4d_backend_iface *it, void *ctx, const fp4d
     void *o = calloc((size_t)(d->m * d->n), 4);
     double *t = calloc((size_t)repeats, sizeof *t);
     fp4d_status st = a && b && sa && sb && o && t ? FP4D_STATUS_OK : FP4D_STATUS_NOMEM;
+    if (st == FP4D_STATUS_NOMEM) /* else the row read "ERROR: NOMEM: " and whatever came before */
+        fp4d_set_error(st, "out of memory for the %lldx%lldx%lld operands", (long long)d->m, (long long)d->n,
+                       (long long)d->k);
     if (st == FP4D_STATUS_OK) {
         for (size_t i = 0; i < b_bytes; i++) b[i] = (uint8_t)(i * 2654435761u >> 13);
         memset(sb, d->b_type == FP4D_DTYPE_NVFP4 ? 0x38 : 127, bs);
@@ -261,6 +278,28 @@ static int64_t experts_touched(int64_t tokens, int experts)
     return n;
 }
 
+/* Host memory that timing d with the host clock takes: host_time's operands (the output as f32,
+ * the widest out type) plus what a CPU kernel adds (activations and output converted to f32,
+ * cpu_engine.c). */
+static double host_timing_bytes(const fp4d_gemm_desc *d)
+{
+    const fp4d_dtype_traits *at = fp4d_dtype_get(d->a_type), *bt = fp4d_dtype_get(d->b_type);
+    const double m = (double)d->m, n = (double)d->n, k = (double)d->k;
+    const double a = m * k * at->element_bits / 8.0 + (at->is_block_fp4 ? m * k / at->block_size + 128.0 * k : 0);
+    const double b = n * k * bt->element_bits / 8.0 + (bt->is_block_fp4 ? n * k / bt->block_size + 128.0 * k : 0);
+    return a + b + 2.0 * m * n * 4.0 + m * k * 4.0;
+}
+
+/* The most host timing may take: a quarter of physical memory, at most 4 GiB. The work limit
+ * alone (4e9 multiply-adds) let 30000 x 1 x 131072 through: 8 GB of bf16 activations and 16 GB
+ * more inside the cpu kernel, allocated until the machine ran out. */
+static double host_timing_budget(void)
+{
+    const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    const double cap = 4.0 * 1024 * 1024 * 1024, phys = pages > 0 && page > 0 ? (double)pages * (double)page : cap;
+    return phys / 4 < cap ? phys / 4 : cap;
+}
+
 /* A row for one backend on configuration d: its status stays "" while it is being timed. */
 static row *start_row(const fp4d_backend_iface *it, void *ctx, int device, const char *mode, const fp4d_gemm_desc *d,
                       int64_t tokens, rows *out)
@@ -275,6 +314,9 @@ static row *start_row(const fp4d_backend_iface *it, void *ctx, int device, const
     if (!it->supports(ctx, d, &why)) snprintf(r->status, sizeof r->status, "UNSUPPORTED: %s", why.text);
     else if (!it->bench && (d->num_experts != 0 || (double)d->m * (double)d->n * (double)d->k > 4e9))
         snprintf(r->status, sizeof r->status, "SKIPPED: no device timing and too large for host timing");
+    else if (!it->bench && host_timing_bytes(d) > host_timing_budget())
+        snprintf(r->status, sizeof r->status, "SKIPPED: host timing would take %.1f GiB of memory, more than %.1f GiB",
+                 host_timing_bytes(d) / 0x1p30, host_timing_budget() / 0x1p30);
     return r;
 }
 
@@ -333,16 +375,21 @@ static void bench_config(const fp4d_backend_iface *const *its, void *const *ctxs
     /* host timing (seconds per call on large shapes) keeps to 5 timed calls in all, in as
      * many of the rounds as that allows */
     const int host_repeats = repeats < 5 ? repeats : 5, host_rounds = rounds < host_repeats ? rounds : host_repeats;
-    for (int round = 0; round < rounds; round++)
-        for (int i = 0; i < num_backends; i++) {
+    for (int round = 0; round < rounds && !bench_interrupted; round++)
+        for (int i = 0; i < num_backends && !bench_interrupted; i++) {
             const int b = round % 2 ? num_backends - 1 - i : i;
             if (at[b] == SIZE_MAX) continue;
             /* the repeats shared out, the first rounds taking one more where they do not divide */
             const int n = its[b]->bench ? rounds : host_rounds, total = its[b]->bench ? repeats : host_repeats;
             if (round < n) time_round(its[b], ctxs[b], d, total / n + (round < total % n), &out->v[at[b]]);
         }
-    for (int b = 0; b < num_backends; b++)
-        if (at[b] != SIZE_MAX) finish_row(d, &out->v[at[b]]);
+    for (int b = 0; b < num_backends; b++) {
+        if (at[b] == SIZE_MAX) continue;
+        row *r = &out->v[at[b]];
+        /* a configuration cut short is not reported: its backends' rounds are no longer paired */
+        if (bench_interrupted && !r->status[0]) snprintf(r->status, sizeof r->status, "SKIPPED: interrupted (Ctrl-C)");
+        finish_row(d, r);
+    }
 }
 
 static void fill_speedups(rows *rs)
@@ -400,10 +447,32 @@ static void print_rows(const rows *rs)
         }
         char sp[16] = "-";
         if (!isnan(r->speedup)) snprintf(sp, sizeof sp, "%.2fx", r->speedup);
-        printf("%-12s %-6s %3d %6lld %6lld %6lld %4lld %11.2f %9.1f %9.0f %8s\n", r->backend, r->mode, r->device,
-               (long long)r->m, (long long)r->n, (long long)r->k, (long long)r->experts, r->us, r->tflops, r->gbps, sp);
+        /* three significant digits below 100: host-timed rows (0.002 TFLOP/s, 0.13 GB/s) all
+         * printed 0.0 and 0 with the fixed GPU-sized precision */
+        char tf[16], gb[16];
+        snprintf(tf, sizeof tf, r->tflops < 100 ? "%.3g" : "%.1f", r->tflops);
+        snprintf(gb, sizeof gb, r->gbps < 100 ? "%.3g" : "%.0f", r->gbps);
+        printf("%-12s %-6s %3d %6lld %6lld %6lld %4lld %11.2f %9s %9s %8s\n", r->backend, r->mode, r->device,
+               (long long)r->m, (long long)r->n, (long long)r->k, (long long)r->experts, r->us, tf, gb, sp);
     }
+    /* which anchor the ratios are against, or why there are none (a column of "-" said neither) */
+    bool anchored = false, anchor_ran = false;
+    for (size_t i = 0; i < rs->n; i++) {
+        anchored |= !isnan(rs->v[i].speedup);
+        anchor_ran |= !strcmp(rs->v[i].backend, "cublas-bf16") && !strcmp(rs->v[i].status, "OK");
+    }
+    if (anchored)
+        printf("# vs_bf16: cublas-bf16's median_us over the row's, same configuration and device, measured in this run\n");
+    else if (rs->n)
+        printf("# vs_bf16: none, %s\n", anchor_ran ? "cublas-bf16 timed no configuration that another row has"
+                                                    : "cublas-bf16 was not timed in this run (add it to --backend)");
 }
+
+/* JSON has no Inf/NaN, and jansson's json_real() answers NULL for them, which
+ * json_object_set_new() drops: a plugin's bench() that answers 0 us (a clock too coarse for
+ * the call) made TFLOP/s and GB/s infinite and the row lost its "tflops" and "weight_gbps".
+ * Written as null instead, as check's report does. */
+static json_t *finite_or_null(double v) { return isfinite(v) ? json_real(v) : json_null(); }
 
 static json_t *rows_json(const rows *rs)
 {
@@ -415,13 +484,13 @@ static json_t *rows_json(const rows *rs)
                               "experts", (json_int_t)r->experts, "tokens", (json_int_t)r->tokens, "status", r->status);
         json_object_set_new(o, "measured_order", json_integer(r->order));
         if (!strcmp(r->status, "OK")) {
-            json_object_set_new(o, "median_us", json_real(r->us));
-            json_object_set_new(o, "min_us", json_real(r->min_us));
-            json_object_set_new(o, "tflops", json_real(r->tflops));
-            json_object_set_new(o, "weight_gbps", json_real(r->gbps));
-            json_object_set_new(o, "speedup_vs_cublas_bf16", isnan(r->speedup) ? json_null() : json_real(r->speedup));
+            json_object_set_new(o, "median_us", finite_or_null(r->us));
+            json_object_set_new(o, "min_us", finite_or_null(r->min_us));
+            json_object_set_new(o, "tflops", finite_or_null(r->tflops));
+            json_object_set_new(o, "weight_gbps", finite_or_null(r->gbps));
+            json_object_set_new(o, "speedup_vs_cublas_bf16", finite_or_null(r->speedup));
             json_t *rounds = json_array();
-            for (int k = 0; k < r->rounds; k++) json_array_append_new(rounds, json_real(r->round_us[k]));
+            for (int k = 0; k < r->rounds; k++) json_array_append_new(rounds, finite_or_null(r->round_us[k]));
             json_object_set_new(o, "round_median_us", rounds);
         }
         json_array_append_new(a, o);
@@ -523,15 +592,26 @@ int cmd_bench(int argc, char **argv)
     if (o.device >= 0 && ci.device_count > 0 && o.device >= ci.device_count)
         return cli_fail(FP4D_EXIT_USAGE, cmd, "GPU %d does not exist (this machine has %d)", o.device, ci.device_count);
 
+    /* before the report's temporary file exists, so that no Ctrl-C can leave it behind */
+    bench_interrupted = 0;
+    struct sigaction sa, old_sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_sigint;
+    sa.sa_flags = SA_RESETHAND;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, &old_sa);
     FILE *jf = NULL;
-    if (o.json_path && !(jf = cli_open_output(cmd, o.json_path))) return FP4D_EXIT_INPUT;
+    if (o.json_path && !(jf = cli_open_output(cmd, o.json_path))) {
+        sigaction(SIGINT, &old_sa, NULL);
+        return FP4D_EXIT_INPUT;
+    }
     /* human table to stdout, unless the JSON goes there */
     const bool table = !(o.json_path && !strcmp(o.json_path, "-"));
     rows rs = {0};
     json_t *extra = json_array();
     int failures = 0;
 
-    for (int dev = dev_first; dev <= dev_last; dev++) {
+    for (int dev = dev_first; dev <= dev_last && !bench_interrupted; dev++) {
         if (dev >= 0 && dev < ci.device_count && table)
             fprintf(stdout, "# GPU %d: %s (compute capability %d.%d, %d SMs, %.0f MB L2)\n", dev, ci.gpus[dev].name,
                     ci.gpus[dev].cc_major, ci.gpus[dev].cc_minor, ci.gpus[dev].sm_count,
@@ -559,15 +639,15 @@ int cmd_bench(int argc, char **argv)
             }
             its[b] = it;
         }
-        for (int s = 0; o.dense && s < o.num_nk; s++)
-            for (int mi = 0; mi < o.num_ms; mi++)
-                for (int mode = 0; mode < 2; mode++) {
+        for (int s = 0; o.dense && s < o.num_nk && !bench_interrupted; s++)
+            for (int mi = 0; mi < o.num_ms && !bench_interrupted; mi++)
+                for (int mode = 0; mode < 2 && !bench_interrupted; mode++) {
                     fp4d_gemm_desc d = {o.ms[mi], o.nk[s][0], o.nk[s][1],
                                         mode ? FP4D_DTYPE_NVFP4 : FP4D_DTYPE_BF16, FP4D_DTYPE_NVFP4, FP4D_DTYPE_BF16,
                                         FP4D_LAYOUT_SWIZZLED_128X4, FP4D_LAYOUT_SWIZZLED_128X4, 0};
                     bench_config(its, ctxs, o.num_backends, dev, mode ? "W4A4" : "W4A16", &d, 0, o.repeats, o.rounds, &rs);
                 }
-        for (int ti = 0; o.moe && ti < o.num_tokens; ti++) {
+        for (int ti = 0; o.moe && ti < o.num_tokens && !bench_interrupted; ti++) {
             fp4d_gemm_desc d = {o.tokens[ti] * 8, 2048, 7168, FP4D_DTYPE_BF16, FP4D_DTYPE_NVFP4, FP4D_DTYPE_BF16,
                                 FP4D_LAYOUT_SWIZZLED_128X4, FP4D_LAYOUT_SWIZZLED_128X4, 128};
             bench_config(its, ctxs, o.num_backends, dev, "MoE", &d, o.tokens[ti], o.repeats < 10 ? o.repeats : 10, o.rounds,
@@ -582,7 +662,7 @@ int cmd_bench(int argc, char **argv)
          * that overlap the previous read's drain (the bound for weights known not to change),
          * and reads that wait for the kernel before them, as a GEMM's must (that kernel may
          * have written its operands) */
-        for (int s = 0; o.dense && dev >= 0 && dev < ci.device_count && s < o.num_nk; s++) {
+        for (int s = 0; o.dense && dev >= 0 && dev < ci.device_count && s < o.num_nk && !bench_interrupted; s++) {
             const int64_t n = o.nk[s][0], k = o.nk[s][1];
             const size_t bytes = (size_t)(n * k / 2 + n * k / 16);
             fp4d_bench_result f = {0}, fd = {0};
@@ -625,7 +705,7 @@ int cmd_bench(int argc, char **argv)
         }
         if (o.quantize && dev >= 0 && dev < ci.device_count) {
             const int64_t sizes[2] = {8192, 16384};
-            for (int si = 0; si < 2; si++) {
+            for (int si = 0; si < 2 && !bench_interrupted; si++) {
                 const int64_t n = sizes[si];
                 fp4d_bench_result q = {0}, c = {0};
                 const double moved = (double)n * (double)n * (2.0 + 0.5 + 1.0 / 16.0);
@@ -651,6 +731,7 @@ int cmd_bench(int argc, char **argv)
         }
 #endif
     }
+    sigaction(SIGINT, &old_sa, NULL);
     fill_speedups(&rs);
     const char *names[MAX_LIST];
     for (int b = 0; b < o.num_backends; b++) names[b] = fp4d_registry_find(o.backends[b])->name;
@@ -670,6 +751,10 @@ int cmd_bench(int argc, char **argv)
         json_decref(extra);
     }
     free(rs.v);
+    if (bench_interrupted) {
+        fprintf(stderr, "fp4doctor bench: interrupted (Ctrl-C): only the rows measured so far are reported\n");
+        failures++; /* a run stopped early is not a complete benchmark: exit 1, as probe's */
+    }
     /* as in the other commands: a report that could not be written fails a run that passed */
     return failures ? FP4D_EXIT_FAILED : written ? FP4D_EXIT_OK : FP4D_EXIT_INPUT;
 }

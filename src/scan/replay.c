@@ -31,12 +31,13 @@
 #include "fp4doctor/io.h"
 #include "fp4doctor/ref.h"
 #include "clock.h"
+#include "doctor/doctor_internal.h"
 #include "internal.h"
 #include "scan/replay.h"
 #include "scan/scan_internal.h"
 
 #define REPLAY_MAX_SAMPLES 4096
-#define REPLAY_TIMEOUT_S   120
+#define REPLAY_TIMEOUT_S   120 /* the floor of a backend's limit: process start, device context */
 #define REPLAY_POISON      0x7FC1u /* a bf16 NaN no arithmetic produces: "never written" */
 
 typedef struct replay_shards {
@@ -124,8 +125,42 @@ typedef struct replay_layer {
     uint8_t   *codes, *scales;
     double     weight_decode;  /* NVFP4 per-tensor decode scale (1 for MXFP4) */
     double     input_decode;   /* 0 when the layer has no static input scale */
+    uint64_t   nan_scales;     /* block scales that are NaN codes (e4m3 0x7F/0xFF, e8m0 0xFF) */
+    uint64_t   num_scales;
     char       desc[256];
 } replay_layer;
+
+/* Appends to why the quantized layers whose module names contain query (a partial name such
+ * as "layers.3.mlp.down_proj" or "down_proj"), so that a name that is not one still leads
+ * somewhere. */
+static void suggest_layers(const replay_shards *s, const char *query, char *why, size_t why_n)
+{
+    if (!query[0]) return;
+    size_t shown = 0, more = 0;
+    for (size_t f = 0; f < s->n; f++)
+        for (size_t i = 0; i < fp4d_st_count(s->f[f]); i++) {
+            const fp4d_st_tensor *t = fp4d_st_get(s->f[f], i);
+            size_t n = strlen(t->name);
+            bool quantized = (n > 14 && !strcmp(t->name + n - 14, ".weight_packed")) ||
+                             (n > 7 && !strcmp(t->name + n - 7, "_blocks")) ||
+                             (n > 7 && !strcmp(t->name + n - 7, ".weight") && t->dtype == FP4D_ST_U8);
+            if (!quantized) continue;
+            char *module = scan_name_module(t->name);
+            if (module && strstr(module, query)) {
+                size_t used = strlen(why);
+                if (shown < 4 && used + strlen(module) + 40 < why_n) {
+                    snprintf(why + used, why_n - used, "%s%s", shown ? ", " : "; layers whose names contain it: ",
+                             module);
+                    shown++;
+                } else {
+                    more++;
+                }
+            }
+            free(module);
+        }
+    size_t used = strlen(why);
+    if (more && used + 24 < why_n) snprintf(why + used, why_n - used, " and %zu more", more);
+}
 
 static bool layer_load(const replay_shards *s, const char *name, replay_layer *L, char *why, size_t why_n)
 {
@@ -147,7 +182,9 @@ static bool layer_load(const replay_shards *s, const char *name, replay_layer *L
         /* "...experts.17.down_proj" inside a fused gpt-oss tensor "...experts.down_proj_blocks". */
         const char *p = strstr(module, ".experts.");
         char *end = NULL;
-        if (p) expert = strtoll(p + 9, &end, 10);
+        /* digits only: "experts.-1." or "experts. 3." is no expert number (strtoll would take
+         * them, and -1 then stood for expert 0 of a one-expert tensor) */
+        if (p && p[9] >= '0' && p[9] <= '9') expert = strtoll(p + 9, &end, 10);
         if (p && end && *end == '.') {
             char fused[1024];
             snprintf(fused, sizeof fused, "%.*s.experts.%s", (int)(p - module), module, end + 1);
@@ -157,8 +194,15 @@ static bool layer_load(const replay_shards *s, const char *name, replay_layer *L
         }
     }
     if (!w || !sc) {
-        snprintf(why, why_n, "no quantized layer '%s' (looked for %s.weight/.weight_packed/_blocks and its scales)", name,
-                 module);
+        const fp4d_st_tensor *plain = find2(s, module, ".weight");
+        if (plain && !sc && plain->dtype != FP4D_ST_U8)
+            /* an excluded (unquantized) layer: say so rather than that it does not exist */
+            snprintf(why, why_n, "'%s' is not quantized: %s is %s (replay runs FP4 layers)", name, plain->name,
+                     fp4d_st_dtype_name(plain->dtype));
+        else
+            snprintf(why, why_n, "no quantized layer '%s' (looked for %s.weight/.weight_packed/_blocks and its scales)",
+                     name, module);
+        if (!w) suggest_layers(s, module, why, why_n);
         free(module);
         return false;
     }
@@ -181,9 +225,13 @@ static bool layer_load(const replay_shards *s, const char *name, replay_layer *L
         int64_t E = w->shape[0];
         if (expert < 0 && E == 1) expert = 0;
         if (expert < 0 || expert >= E) {
-            snprintf(why, why_n, "%s holds %lld fused experts: name one, e.g. %.*s.experts.0.<proj>", w->name,
-                     (long long)E, (int)(strstr(module, ".experts") ? strstr(module, ".experts") - module : (long)strlen(module)),
-                     module);
+            const int stem = (int)(strstr(module, ".experts") ? strstr(module, ".experts") - module : (long)strlen(module));
+            if (expert >= E) /* named, but past the end: say so, not just "name one" */
+                snprintf(why, why_n, "%s holds %lld fused experts (0..%lld): there is no expert %lld", w->name,
+                         (long long)E, (long long)E - 1, (long long)expert);
+            else
+                snprintf(why, why_n, "%s holds %lld fused experts: name one, e.g. %.*s.experts.0.<proj>", w->name,
+                         (long long)E, stem, module);
             free(module);
             return false;
         }
@@ -212,6 +260,11 @@ static bool layer_load(const replay_shards *s, const char *name, replay_layer *L
     }
     memcpy(L->codes, codes, (size_t)(L->n * L->k / 2));
     memcpy(L->scales, scales, (size_t)(L->n * (L->k / block)));
+    /* NaN block scales make the outputs that touch them NaN (ue8m0 0xFF: Inf or 2^128, by
+     * engine) whatever the backend: those elements cannot judge one, and the layer is broken */
+    L->num_scales = (uint64_t)L->n * (uint64_t)(L->k / block);
+    for (uint64_t i = 0; i < L->num_scales; i++)
+        L->nan_scales += mx ? L->scales[i] == 0xFF : (L->scales[i] & 0x7F) == 0x7F;
     L->weight_decode = 1.0;
     if (!mx) {
         if (ct) {
@@ -316,13 +369,23 @@ static bool make_activations(const replay_layer *L, int64_t M, uint64_t seed, re
 
 /* ---- one backend in a child ---------------------------------------------------------------- */
 
+double fp4d_replay_call_timeout(bool slow, int64_t m, int64_t n, int64_t k)
+{
+    /* Both calls at check's pessimistic speeds (tolerance.c: 20 M multiply-adds per second for
+     * the exact reference and plugins, 100 M for the rest, 4x margin) on top of the fixed floor:
+     * a fixed 120 s called the exact reference a hang on real layers at a few hundred rows
+     * (2048 x 8192 at --rows 2048 needs ~4 minutes for its two exact GEMMs here). */
+    const double macs = (double)m * (double)n * (double)k;
+    return (REPLAY_TIMEOUT_S + 4.0 * 2.0 * macs / (slow ? 2e7 : 1e8)) * fp4d_timeout_scale();
+}
+
 typedef struct replay_shared {
     int32_t status;      /* fp4d_status of the run, or -1 unavailable, -2 unsupported */
     char    reason[FP4D_REASON_MAX];
 } replay_shared;
 
-static fp4d_verdict run_backend(const char *name, const fp4d_gemm_problem *proto, size_t out_bytes, uint16_t *out1,
-                                uint16_t *out2, char *detail, size_t detail_n)
+static fp4d_verdict run_backend(const char *name, double limit_s, const fp4d_gemm_problem *proto, size_t out_bytes,
+                                uint16_t *out1, uint16_t *out2, char *detail, size_t detail_n)
 {
     replay_shared *sh = mmap(NULL, sizeof *sh + 2 * out_bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     if (sh == MAP_FAILED) {
@@ -366,11 +429,11 @@ static fp4d_verdict run_backend(const char *name, const fp4d_gemm_problem *proto
         for (;;) {
             pid_t r = waitpid(pid, &wst, WNOHANG);
             if (r == pid) break;
-            if (fp4d_now_s() - t0 > REPLAY_TIMEOUT_S) {
+            if (fp4d_now_s() - t0 > limit_s) {
                 kill(pid, SIGKILL);
                 waitpid(pid, &wst, 0);
                 v = FP4D_VERDICT_TIMEOUT;
-                snprintf(detail, detail_n, "no answer after %d s", REPLAY_TIMEOUT_S);
+                snprintf(detail, detail_n, "no answer after %.0f s", limit_s);
                 break;
             }
             struct timespec ts = {0, 20 * 1000 * 1000};
@@ -471,8 +534,43 @@ static bool name_selected(const char *list, const char *name)
     return false;
 }
 
+/* The --backend list checked against the registry: an empty item or a name no backend has is
+ * a usage error, said before the layer is loaded and the reference computed (unknown names
+ * were dropped in silence: "cpu,cuda-typo" ran cpu alone and passed). */
+static bool backends_valid(const char *list)
+{
+    if (!list) return true;
+    for (const char *p = list;;) {
+        const char *c = strchr(p, ',');
+        size_t k = c ? (size_t)(c - p) : strlen(p);
+        char name[128];
+        if (!k) {
+            fprintf(stderr, "fp4doctor replay: --backend: empty name in '%s'\n", list);
+            return false;
+        }
+        snprintf(name, sizeof name, "%.*s", (int)k, p);
+        if (k >= sizeof name || !fp4d_registry_find(name)) {
+            fprintf(stderr, "fp4doctor replay: --backend: unknown backend '%s' (see fp4doctor backends)\n", name);
+            return false;
+        }
+        if (!c) return true;
+        p = c + 1;
+    }
+}
+
 int fp4d_replay_run(const fp4d_replay_options *opt, FILE *out, bool color)
 {
+    if (!opt->layer[0]) {
+        fprintf(stderr, "fp4doctor replay: --layer needs a NAME, not ''\n");
+        return FP4D_EXIT_USAGE;
+    }
+    fp4d_registry_options ro = {0};
+    ro.include_faulty = opt->backends && strstr(opt->backends, "faulty") != NULL;
+    if (fp4d_registry_init(&ro) != FP4D_STATUS_OK) {
+        fprintf(stderr, "fp4doctor replay: backend registry: %s\n", fp4d_last_error());
+        return FP4D_EXIT_INTERNAL;
+    }
+    if (!backends_valid(opt->backends)) return FP4D_EXIT_USAGE;
     replay_shards s = {0};
     shards_open(&s, opt->checkpoint);
     if (!s.n) {
@@ -513,6 +611,7 @@ int fp4d_replay_run(const fp4d_replay_options *opt, FILE *out, bool color)
         rc = FP4D_EXIT_INTERNAL;
         goto done;
     }
+    size_t nonfinite = 0; /* sampled elements whose exact value is NaN/Inf: not judged */
     uint64_t rs = opt->seed + 99;
     int64_t block = L.format == FP4D_DTYPE_NVFP4 ? 16 : 32;
     for (size_t i = 0; i < ns; i++) {
@@ -533,15 +632,13 @@ int fp4d_replay_run(const fp4d_replay_options *opt, FILE *out, bool color)
             goto done;
         }
         q->ref_bf16 = fp4d_bf16_to_f32(r16);
+        nonfinite += !isfinite(q->exact);
         fp4d_dequantize(L.format, FP4D_LAYOUT_LINEAR, L.codes + q->n * K / 2, L.scales + q->n * (K / block), 1.0f, 1,
                         K, bdeq);
         double sum = 0;
         for (int64_t k = 0; k < K; k++) sum += fabs((double)A.deq[q->m * K + k] * bdeq[k]);
         q->bound = fabs((double)p.alpha) * sum;
     }
-    fp4d_registry_options ro = {0};
-    ro.include_faulty = opt->backends && strstr(opt->backends, "faulty") != NULL;
-    fp4d_registry_init(&ro);
     const char *bold = color ? "\033[1m" : "", *red = color ? "\033[31;1m" : "", *green = color ? "\033[32m" : "",
                *dim = color ? "\033[2m" : "", *reset = color ? "\033[0m" : "";
     fprintf(out, "%sfp4doctor replay%s %s\n  layer %s, alpha %.6g, activations %s [%lld x %lld]%s, %zu elements checked "
@@ -556,7 +653,9 @@ int fp4d_replay_run(const fp4d_replay_options *opt, FILE *out, bool color)
         if (!opt->backends && bi->kind == FP4D_BACKEND_KIND_FAULTY) continue;
         char detail[FP4D_DETAIL_MAX] = "";
         double ratio = 0;
-        fp4d_verdict v = run_backend(bi->name, &p, out_bytes, o1, o2, detail, sizeof detail);
+        const double limit = fp4d_replay_call_timeout(
+            bi->kind == FP4D_BACKEND_KIND_REFERENCE || bi->kind == FP4D_BACKEND_KIND_PLUGIN, M, N, K);
+        fp4d_verdict v = run_backend(bi->name, limit, &p, out_bytes, o1, o2, detail, sizeof detail);
         if (v == FP4D_VERDICT_COUNT) {
             fprintf(out, "  %-16s %sunavailable%s  %s\n", bi->name, dim, reset, detail);
             continue;
@@ -573,6 +672,19 @@ int fp4d_replay_run(const fp4d_replay_options *opt, FILE *out, bool color)
     if (!ran) {
         fprintf(stderr, "fp4doctor replay: no backend ran (names: see fp4doctor backends)\n");
         if (rc == FP4D_EXIT_OK) rc = opt->backends ? FP4D_EXIT_USAGE : FP4D_EXIT_FAILED;
+    }
+    /* The backends are judged on the finite elements only; a layer whose own exact outputs are
+     * NaN/Inf is broken in every engine, which scan calls an error: it was PASS and exit 0. */
+    if (L.nan_scales || nonfinite) {
+        fprintf(out, "\n  %sthe layer itself is broken%s: ", red, reset);
+        if (L.nan_scales)
+            fprintf(out, "%llu of %llu block scales are NaN codes, so the outputs touching them are NaN (some engines: "
+                         "huge) whatever the backend",
+                    (unsigned long long)L.nan_scales, (unsigned long long)L.num_scales);
+        else
+            fprintf(out, "%zu of the %zu elements checked are NaN/Inf in the exact result", nonfinite, ns);
+        fprintf(out, "; those elements are not judged (run fp4doctor scan)\n");
+        if (rc == FP4D_EXIT_OK) rc = FP4D_EXIT_FAILED;
     }
 done:
     free(smp);

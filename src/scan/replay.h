@@ -15,7 +15,12 @@ typedef struct fp4d_replay_options {
     uint64_t    seed;
 } fp4d_replay_options;
 
-/* Runs the replay and prints the verdicts. Returns a CLI exit code (enum fp4d_exit). */
+/* Runs the replay and prints the verdicts. Returns a CLI exit code (enum fp4d_exit): 2 for a
+ * --backend list with an empty item or a name no backend has, before anything is loaded. */
 int fp4d_replay_run(const fp4d_replay_options *opt, FILE *out, bool color);
+
+/* Seconds a backend's child gets for both calls on an m x n x k layer before it is a TIMEOUT;
+ * slow: the exact reference or a plugin. FP4DOCTOR_TIMEOUT_SCALE scales it, as in check. */
+double fp4d_replay_call_timeout(bool slow, int64_t m, int64_t n, int64_t k);
 
 #endif

@@ -1,0 +1,350 @@
+/*
+ * `fp4doctor replay` and `fp4doctor bench` run as a user runs them (the built binary,
+ * $FP4DOCTOR_BIN) on checkpoints written here with the generator: bad --backend lists, names
+ * that are not a layer, a layer whose block scales are NaN, the reference's time limit on
+ * large layers; bench's host timing of shapes too large for memory, its text (figures and the
+ * anchor of the ratios) and Ctrl-C in the middle of a run.
+ */
+#include <dirent.h>
+#include <errno.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+#include <cmocka.h>
+#include <jansson.h>
+
+#include "fp4doctor/scan.h"
+#include "scan/replay.h"
+#include "test_util.h"
+
+#define LAYER "model.layers.0.mlp.down_proj"
+
+static char dir[256];
+static const char *bin;
+
+static const char *path_of(const char *name)
+{
+    static char buf[8][512];
+    static int next;
+    char *p = buf[next++ % 8];
+    snprintf(p, 512, "%s/%s", dir, name);
+    return p;
+}
+
+/* Runs the CLI with a shell-quoted argument string (after an optional shell prefix such as a
+ * ulimit); stdout and stderr go to files in dir. Returns the exit code. */
+static int run_prefixed(const char *prefix, const char *fmt, va_list ap)
+{
+    char args[2048], cmd[4096];
+    vsnprintf(args, sizeof args, fmt, ap);
+    snprintf(cmd, sizeof cmd, "%s '%s' %s >'%s/stdout.txt' 2>'%s/stderr.txt'", prefix, bin, args, dir, dir);
+    int st = system(cmd);
+    assert_true(WIFEXITED(st));
+    return WEXITSTATUS(st);
+}
+
+static int run_cli(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    int rc = run_prefixed("", fmt, ap);
+    va_end(ap);
+    return rc;
+}
+
+/* The same with the address space capped at 2 GiB: a run that allocates more fails, where
+ * without the cap it would take the machine's memory. */
+static int run_cli_capped(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    int rc = run_prefixed("ulimit -v 2097152;", fmt, ap);
+    va_end(ap);
+    return rc;
+}
+
+static bool output_contains(const char *which, const char *needle)
+{
+    char *s = tu_slurp(path_of(which), NULL);
+    bool ok = s && strstr(s, needle);
+    if (!ok) fprintf(stderr, "%s lacks '%s': %s\n", which, needle, s ? s : "(missing)");
+    free(s);
+    return ok;
+}
+
+static size_t output_size(const char *which)
+{
+    size_t n = 0;
+    char *s = tu_slurp(path_of(which), &n);
+    free(s);
+    return s ? n : 0;
+}
+
+static void generate(const char *name, fp4d_ckpt_format format, int32_t experts, const fp4d_ckpt_plant *plant)
+{
+    fp4d_ckpt_gen_params p;
+    fp4d_ckpt_gen_defaults(&p, format);
+    p.layers = 1;
+    if (experts) p.experts = experts;
+    p.plants = plant;
+    p.num_plants = plant ? 1 : 0;
+    assert_int_equal(fp4d_ckpt_generate(path_of(name), &p), FP4D_STATUS_OK);
+}
+
+static void remove_tree(const char *path)
+{
+    DIR *d = opendir(path);
+    if (!d) {
+        unlink(path);
+        return;
+    }
+    struct dirent *de;
+    char sub[1024];
+    while ((de = readdir(d)))
+        if (strcmp(de->d_name, ".") && strcmp(de->d_name, "..")) {
+            snprintf(sub, sizeof sub, "%s/%s", path, de->d_name);
+            remove_tree(sub);
+        }
+    closedir(d);
+    rmdir(path);
+}
+
+static int setup(void **state)
+{
+    (void)state;
+    bin = getenv("FP4DOCTOR_BIN");
+    if (!bin) bin = FP4D_TEST_BINARY_DIR "/fp4doctor";
+    snprintf(dir, sizeof dir, "/tmp/fp4d_replay_bench_XXXXXX");
+    if (!mkdtemp(dir)) return -1;
+    generate("mo", FP4D_CKPT_MODELOPT_NVFP4, 0, NULL);
+    generate("oss", FP4D_CKPT_GPTOSS_MXFP4, 4, NULL);
+    generate("oss1", FP4D_CKPT_GPTOSS_MXFP4, 1, NULL);
+    const fp4d_ckpt_plant nan = {FP4D_DEFECT_SCALE_NAN, LAYER ".weight_scale", 1};
+    generate("nan", FP4D_CKPT_MODELOPT_NVFP4, 0, &nan);
+    const fp4d_ckpt_plant mxnan = {FP4D_DEFECT_SCALE_NAN, "model.layers.0.mlp.experts.down_proj_scales", 1};
+    generate("mxnan", FP4D_CKPT_GPTOSS_MXFP4, 1, &mxnan);
+    const fp4d_ckpt_plant plain = {FP4D_DEFECT_UNQUANTIZE, LAYER ".weight", 0};
+    generate("plain", FP4D_CKPT_MODELOPT_NVFP4, 0, &plain);
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    remove_tree(dir);
+    return 0;
+}
+
+/* ---- replay -------------------------------------------------------------------------------- */
+
+/* A --backend list with a name no backend has, or an empty item, is a usage error said before
+ * anything runs; it was dropped in silence ("cpu,nope" ran cpu and exited 0). */
+static void test_replay_backend_list_checked(void **state)
+{
+    (void)state;
+    assert_int_equal(run_cli("replay '%s' --layer " LAYER " --backend cpu,nope", path_of("mo")), 2);
+    assert_true(output_contains("stderr.txt", "unknown backend 'nope'"));
+    assert_int_equal(output_size("stdout.txt"), 0); /* no header, no verdicts: nothing ran */
+    assert_int_equal(run_cli("replay '%s' --layer " LAYER " --backend cpu,faulty", path_of("mo")), 2);
+    assert_true(output_contains("stderr.txt", "unknown backend 'faulty'"));
+    assert_int_equal(run_cli("replay '%s' --layer " LAYER " --backend cpu,", path_of("mo")), 2);
+    assert_true(output_contains("stderr.txt", "empty name"));
+    assert_int_equal(run_cli("replay '%s' --layer " LAYER " --backend ,cpu", path_of("mo")), 2);
+    assert_int_equal(run_cli("replay '%s' --layer ''", path_of("mo")), 2);
+    /* a good list still runs, and a faulty backend named in it still fails */
+    assert_int_equal(run_cli("replay '%s' --layer " LAYER " --backend cpu", path_of("mo")), 0);
+    assert_true(output_contains("stdout.txt", "PASS"));
+    assert_int_equal(run_cli("replay '%s' --layer " LAYER " --backend cpu,faulty-zeros", path_of("mo")), 1);
+    assert_true(output_contains("stdout.txt", "ZEROS"));
+}
+
+/* A layer with a NaN block scale is an error for scan; replay said PASS and exited 0 because
+ * the elements it touches are NaN in the exact result too and were skipped. */
+static void test_replay_nan_block_scales_fail(void **state)
+{
+    (void)state;
+    assert_int_equal(run_cli("replay '%s' --layer " LAYER " --backend cpu", path_of("nan")), 1);
+    assert_true(output_contains("stdout.txt", "1 of 512 block scales are NaN"));
+    assert_true(output_contains("stdout.txt", "fp4doctor scan"));
+    /* MXFP4 (ue8m0 0xFF), one fused expert */
+    assert_int_equal(run_cli("replay '%s' --layer model.layers.0.mlp.experts.0.down_proj --backend cpu", path_of("mxnan")),
+                     1);
+    assert_true(output_contains("stdout.txt", "block scales are NaN"));
+    /* the same layer without the defect passes */
+    assert_int_equal(run_cli("replay '%s' --layer " LAYER " --backend cpu", path_of("mo")), 0);
+    assert_false(output_contains("stdout.txt", "NaN"));
+}
+
+/* Names that are not a quantized layer get a message that leads somewhere. */
+static void test_replay_layer_names(void **state)
+{
+    (void)state;
+    /* partial: the layers whose names contain it */
+    assert_int_equal(run_cli("replay '%s' --layer layers.0.mlp.down_proj", path_of("mo")), 3);
+    assert_true(output_contains("stderr.txt", "contain it: " LAYER));
+    assert_int_equal(run_cli("replay '%s' --layer down_proj", path_of("mo")), 3);
+    assert_true(output_contains("stderr.txt", LAYER));
+    /* excluded / stored bf16: not "no such layer" */
+    assert_int_equal(run_cli("replay '%s' --layer " LAYER, path_of("plain")), 3);
+    assert_true(output_contains("stderr.txt", "is not quantized"));
+    assert_true(output_contains("stderr.txt", "BF16"));
+    /* an expert past the end of a fused tensor: says which exist */
+    assert_int_equal(run_cli("replay '%s' --layer model.layers.0.mlp.experts.4.down_proj", path_of("oss")), 3);
+    assert_true(output_contains("stderr.txt", "(0..3): there is no expert 4"));
+    assert_int_equal(run_cli("replay '%s' --layer model.layers.0.mlp.experts.3.down_proj --backend cpu", path_of("oss")),
+                     0);
+    assert_true(output_contains("stdout.txt", "expert 3"));
+    /* "-1" is no expert number: it ran expert 0 of a one-expert tensor and passed */
+    assert_int_equal(run_cli("replay '%s' --layer model.layers.0.mlp.experts.-1.down_proj --backend cpu",
+                             path_of("oss1")),
+                     3);
+    assert_int_equal(run_cli("replay '%s' --layer model.layers.0.mlp.experts.0.down_proj --backend cpu", path_of("oss1")),
+                     0);
+}
+
+/* The limit on a backend's two calls grows with the layer: a fixed 120 s called the exact
+ * reference a hang (TIMEOUT, exit 1) on a 2048 x 8192 layer at --rows 2048, which needs about
+ * four minutes. */
+static void test_replay_timeout_grows_with_work(void **state)
+{
+    (void)state;
+    unsetenv("FP4DOCTOR_TIMEOUT_SCALE");
+    const double small = fp4d_replay_call_timeout(true, 16, 64, 128);
+    assert_true(small >= 120 && small < 125);
+    assert_true(fp4d_replay_call_timeout(false, 16, 64, 128) >= 120);
+    assert_true(fp4d_replay_call_timeout(true, 2048, 2048, 8192) > 3600);
+    /* the reference gets the slow rate, a cpu backend the fast one, as in check */
+    assert_true(fp4d_replay_call_timeout(true, 4096, 4096, 4096) > fp4d_replay_call_timeout(false, 4096, 4096, 4096));
+    setenv("FP4DOCTOR_TIMEOUT_SCALE", "2", 1);
+    assert_true(fp4d_replay_call_timeout(true, 16, 64, 128) > 1.99 * small);
+    unsetenv("FP4DOCTOR_TIMEOUT_SCALE");
+}
+
+/* ---- bench --------------------------------------------------------------------------------- */
+
+/* A shape under the host-timing work limit but far past memory is skipped with its size said;
+ * it was allocated (8 GB of activations and 16 GB inside the cpu kernel) until the machine ran
+ * out. Run with a 2 GiB address-space cap so that the old behaviour fails here (ERROR: NOMEM)
+ * instead of taking the machine's memory. */
+static void test_bench_huge_shape_skipped(void **state)
+{
+    (void)state;
+    assert_int_equal(run_cli_capped("bench --backend cpu --shapes 1x131072 --m 30000 --no-moe --repeats 1 --rounds 1 "
+                                    "--json '%s'",
+                                    path_of("huge.json")),
+                     0);
+    json_error_t err;
+    json_t *root = json_load_file(path_of("huge.json"), 0, &err);
+    assert_non_null(root);
+    json_t *rows = json_object_get(root, "results");
+    assert_int_equal(json_array_size(rows), 2);
+    for (size_t i = 0; i < 2; i++) {
+        const char *st = json_string_value(json_object_get(json_array_get(rows, i), "status"));
+        assert_non_null(st);
+        assert_non_null(strstr(st, "SKIPPED: host timing would take"));
+    }
+    json_decref(root);
+    assert_true(output_contains("stdout.txt", "GiB of memory"));
+    /* a shape that fits is still timed */
+    assert_int_equal(run_cli_capped("bench --backend cpu --shapes 64x64 --m 1 --no-moe --repeats 1 --rounds 1"), 0);
+    assert_false(output_contains("stdout.txt", "SKIPPED"));
+}
+
+/* The table's figures for host-timed rows are readable (0.00203 TFLOP/s printed as 0.0) and it
+ * says what the ratios are against, or that there are none. */
+static void test_bench_text_figures_and_anchor(void **state)
+{
+    (void)state;
+    assert_int_equal(run_cli("bench --backend cpu,ref --shapes 64x64 --m 1 --no-moe --repeats 1 --rounds 1"), 0);
+    char *s = tu_slurp(path_of("stdout.txt"), NULL);
+    assert_non_null(s);
+    char *line = strstr(s, "\ncpu ");
+    assert_non_null(line);
+    char backend[16], mode[16];
+    int dev;
+    long long m, n, k, e;
+    double us, tflops, gbps;
+    assert_int_equal(sscanf(line + 1, "%15s %15s %d %lld %lld %lld %lld %lf %lf %lf", backend, mode, &dev, &m, &n, &k, &e,
+                            &us, &tflops, &gbps),
+                     10);
+    /* 2*64*64 flops over the median: the printed figure within its three digits */
+    const double expect = 2.0 * 64 * 64 / (us * 1e-6) / 1e12;
+    assert_true(tflops > 0 && gbps > 0);
+    assert_true(tflops > expect * 0.99 && tflops < expect * 1.01);
+    free(s);
+    assert_true(output_contains("stdout.txt", "# vs_bf16: none, cublas-bf16 was not timed in this run"));
+}
+
+/* Ctrl-C: the rows measured so far are reported, the JSON written, nothing left beside it,
+ * exit 1. It killed the run with nothing printed and a FILE.tmp-XXXXXX left behind. */
+static void test_bench_sigint_reports_partial(void **state)
+{
+    (void)state;
+    const char *json = path_of("int.json");
+    FILE *f = fopen(json, "w");
+    assert_non_null(f);
+    fputs("{\"old\": 1}\n", f);
+    fclose(f);
+    /* long enough to be running when the signal comes: many host-timed 4096x4096 configurations */
+    char shapes[1024] = "64x64";
+    for (int i = 0; i < 31; i++) strcat(shapes, ",4096x4096");
+    fflush(NULL);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        signal(SIGINT, SIG_DFL); /* ctest or a shell may have started us with it ignored */
+        if (!freopen(path_of("stdout.txt"), "w", stdout) || !freopen(path_of("stderr.txt"), "w", stderr)) _exit(99);
+        execl(bin, bin, "bench", "--backend", "cpu", "--shapes", shapes, "--m", "1,200", "--no-moe", "--repeats", "5",
+              "--rounds", "1", "--json", json, (char *)NULL);
+        _exit(98);
+    }
+    struct timespec ts = {2, 0};
+    nanosleep(&ts, NULL);
+    kill(pid, SIGINT);
+    int st = 0;
+    assert_int_equal(waitpid(pid, &st, 0), pid);
+    if (WIFEXITED(st) && WEXITSTATUS(st) == 0) {
+        fprintf(stderr, "bench finished before the signal: nothing to check on this machine\n");
+        return;
+    }
+    assert_true(WIFEXITED(st)); /* not killed by the signal */
+    assert_int_equal(WEXITSTATUS(st), 1);
+    assert_true(output_contains("stderr.txt", "interrupted"));
+    assert_true(output_contains("stdout.txt", "backend"));
+    json_error_t err;
+    json_t *root = json_load_file(json, 0, &err);
+    assert_non_null(root);
+    json_t *rows = json_object_get(root, "results");
+    assert_non_null(rows);
+    assert_true(json_array_size(rows) >= 1);
+    assert_true(json_array_size(rows) < 2 * 32 * 2); /* not every configuration */
+    json_decref(root);
+    DIR *d = opendir(dir);
+    assert_non_null(d);
+    struct dirent *de;
+    while ((de = readdir(d))) assert_null(strstr(de->d_name, ".tmp-"));
+    closedir(d);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_replay_backend_list_checked),
+        cmocka_unit_test(test_replay_nan_block_scales_fail),
+        cmocka_unit_test(test_replay_layer_names),
+        cmocka_unit_test(test_replay_timeout_grows_with_work),
+        cmocka_unit_test(test_bench_huge_shape_skipped),
+        cmocka_unit_test(test_bench_text_figures_and_anchor),
+        cmocka_unit_test(test_bench_sigint_reports_partial),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
