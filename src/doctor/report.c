@@ -57,6 +57,13 @@ static size_t groups_of(const fp4d_report *rep, const char **groups, size_t cap)
     return n;
 }
 
+/* A case that --case left out: it has no verdict to show, only the placeholder the runner
+ * fills every result with. */
+static bool not_selected(const fp4d_case_result *r)
+{
+    return r->verdict == FP4D_VERDICT_UNSUPPORTED && !strcmp(r->detail, "not selected");
+}
+
 /* Worst verdict of backend b over the cases of a group; COUNT when the group has no case
  * that was selected. */
 static fp4d_verdict group_verdict(const fp4d_report *rep, const fp4d_backend_report *br, const char *group)
@@ -64,7 +71,7 @@ static fp4d_verdict group_verdict(const fp4d_report *rep, const fp4d_backend_rep
     fp4d_verdict w = FP4D_VERDICT_COUNT;
     for (size_t i = 0; i < rep->num_cases; i++) {
         if (strcmp(rep->cases[i].group, group)) continue;
-        if (!strcmp(br->results[i].detail, "not selected") && br->results[i].verdict == FP4D_VERDICT_UNSUPPORTED) continue;
+        if (not_selected(&br->results[i])) continue;
         w = w == FP4D_VERDICT_COUNT ? br->results[i].verdict : fp4d_verdict_worst(w, br->results[i].verdict);
     }
     return w;
@@ -159,6 +166,11 @@ fp4d_status fp4d_report_write_text(const fp4d_report *rep, FILE *f, bool color)
 
 /* ---- JSON ---- */
 
+/* JSON has no Inf/NaN, and jansson's json_real() answers NULL for them, which
+ * json_object_set_new() drops: the field would vanish instead of reading null (as the
+ * results' numbers do, json.c). */
+static json_t *finite_or_null(double v) { return isfinite(v) ? json_real(v) : json_null(); }
+
 static json_t *report_to_json(const fp4d_report *rep)
 {
     json_t *j = json_object();
@@ -168,7 +180,7 @@ static json_t *report_to_json(const fp4d_report *rep)
     json_object_set_new(j, "command", json_string("check"));
     json_object_set_new(j, "suite", json_string(fp4d_suite_name(rep->suite)));
     json_object_set_new(j, "seed", json_integer((json_int_t)rep->seed));
-    json_object_set_new(j, "wall_s", json_real(rep->wall_s));
+    json_object_set_new(j, "wall_s", finite_or_null(rep->wall_s));
     json_object_set_new(j, "env", fp4d_env_to_json());
     json_t *cases = json_array();
     for (size_t i = 0; i < rep->num_cases; i++) json_array_append_new(cases, fp4d_case_to_json(&rep->cases[i]));
@@ -188,7 +200,7 @@ static json_t *report_to_json(const fp4d_report *rep)
         json_object_set_new(bj, "verdict", json_string(fp4d_verdict_name(br->verdict)));
         json_object_set_new(bj, "cause", br->cause == FP4D_CAUSE_NONE ? json_null() : json_string(fp4d_cause_name(br->cause)));
         json_object_set_new(bj, "summary", json_string(br->summary));
-        json_object_set_new(bj, "best_gflops", json_real(br->best_gflops));
+        json_object_set_new(bj, "best_gflops", finite_or_null(br->best_gflops));
         json_array_append_new(backends, bj);
         for (size_t i = 0; i < rep->num_cases; i++) {
             json_t *rj = fp4d_result_to_json(&br->results[i]);
@@ -336,14 +348,17 @@ static void html_heatmap(const fp4d_report *rep, FILE *f)
         esc(f, label);
         fprintf(f, "</text>\n");
         for (size_t t = 0; t < nm; t++) {
+            /* cases --case left out are blank here as in the matrix ("-"), not "n/a": they were
+             * not run, which is not the backend declining them */
             fp4d_verdict w = FP4D_VERDICT_COUNT;
             for (size_t i = 0; i < rep->num_cases; i++)
-                if (rep->cases[i].op != FP4D_CASE_QUANTIZE && rep->cases[i].m == ms[t])
+                if (rep->cases[i].op != FP4D_CASE_QUANTIZE && rep->cases[i].m == ms[t] && !not_selected(&br->results[i]))
                     w = w == FP4D_VERDICT_COUNT ? br->results[i].verdict : fp4d_verdict_worst(w, br->results[i].verdict);
             if (w == FP4D_VERDICT_COUNT) continue;
-            fprintf(f, "<rect x=\"%d\" y=\"%d\" width=\"%d\" height=\"%d\" fill=\"%s\" stroke=\"#fff\">"
-                       "<title>%s M=%lld: %s</title></rect>\n",
-                    left + (int)t * cw, y, cw, ch, html_color(w), br->name, (long long)ms[t], fp4d_verdict_name(w));
+            fprintf(f, "<rect x=\"%d\" y=\"%d\" width=\"%d\" height=\"%d\" fill=\"%s\" stroke=\"#fff\"><title>",
+                    left + (int)t * cw, y, cw, ch, html_color(w));
+            esc(f, label);
+            fprintf(f, " M=%lld: %s</title></rect>\n", (long long)ms[t], fp4d_verdict_name(w));
             fprintf(f, "<text x=\"%d\" y=\"%d\" text-anchor=\"middle\" font-size=\"8\" fill=\"#fff\">%s</text>\n",
                     left + (int)t * cw + cw / 2, y + ch / 2 + 3, short_verdict(w));
         }
@@ -364,8 +379,12 @@ static void html_error_plot(const fp4d_report *rep, FILE *f)
         }
     if (kmin > kmax) kmin = 16, kmax = 32;
     double x0 = log2(kmin) - 0.5, x1 = log2(kmax) + 0.5, y0 = -4, y1 = 8;
+    /* tall enough for the legend too (16 px a backend): with more than about 20 backends
+     * (plugins, --device all) its tail fell outside the picture */
+    int height = top + h + 50, legend_end = top + 20 + (int)rep->num_backends * 16;
+    if (legend_end > height) height = legend_end;
     fprintf(f, "<svg id=\"errplot\" xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" "
-               "font-family=\"sans-serif\" font-size=\"11\">\n", left + w + 200, top + h + 50);
+               "font-family=\"sans-serif\" font-size=\"11\">\n", left + w + 200, height);
     fprintf(f, "<text x=\"%d\" y=\"16\" font-weight=\"bold\">max error / f32-accumulation bound vs K (log scales; "
                "above the dashed line = beyond the bound)</text>\n", left);
     fprintf(f, "<rect x=\"%d\" y=\"%d\" width=\"%d\" height=\"%d\" fill=\"none\" stroke=\"#444\"/>\n", left, top, w, h);
@@ -384,6 +403,8 @@ static void html_error_plot(const fp4d_report *rep, FILE *f)
     for (size_t b = 0; b < rep->num_backends; b++) {
         const fp4d_backend_report *br = &rep->backends[b];
         const char *col = palette[b % FP4D_ARRAY_LEN(palette)];
+        char label[96];
+        backend_label(br, label, sizeof label);
         for (size_t i = 0; i < rep->num_cases; i++) {
             const fp4d_case_result *r = &br->results[i];
             if (rep->cases[i].op == FP4D_CASE_QUANTIZE || r->elements_checked == 0) continue;
@@ -393,12 +414,14 @@ static void html_error_plot(const fp4d_report *rep, FILE *f)
             double x = left + (log2((double)rep->cases[i].k) - x0) / (x1 - x0) * w + ((double)b - rep->num_backends / 2.0) * 2.0;
             double y = top + h - (ly - y0) / (y1 - y0) * h;
             fprintf(f, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"3\" fill=\"%s\" fill-opacity=\"0.75\"><title>", x, y, col);
-            esc(f, br->name);
-            fprintf(f, " %s: %.3g x bound</title></circle>\n", rep->cases[i].name, r->max_err_ratio);
+            esc(f, label);
+            fputc(' ', f);
+            esc(f, rep->cases[i].name);
+            fprintf(f, ": %.3g x bound</title></circle>\n", r->max_err_ratio);
         }
         fprintf(f, "<rect x=\"%d\" y=\"%d\" width=\"10\" height=\"10\" fill=\"%s\"/><text x=\"%d\" y=\"%d\">",
                 left + w + 14, top + 4 + (int)b * 16, col, left + w + 30, top + 13 + (int)b * 16);
-        esc(f, br->name);
+        esc(f, label);
         fprintf(f, "</text>\n");
     }
     fprintf(f, "</svg>\n");
@@ -445,15 +468,31 @@ fp4d_status fp4d_report_write_html(const fp4d_report *rep, FILE *f)
         esc(f, br->summary);
         fprintf(f, "</td></tr>\n");
     }
-    fprintf(f, "</table>\n<h2>Backend &times; M</h2>\n");
+    fprintf(f, "</table>\n");
+    /* as the text report lists them: a backend whose verdicts differ between GPUs */
+    bool any_diff = false;
+    for (size_t b = 0; b < rep->num_backends; b++) any_diff |= rep->backends[b].device_note[0] != '\0';
+    if (any_diff) {
+        fprintf(f, "<h2>Devices that disagree</h2>\n<ul id=\"device-notes\">\n");
+        for (size_t b = 0; b < rep->num_backends; b++) {
+            if (!rep->backends[b].device_note[0]) continue;
+            fprintf(f, "<li>");
+            esc(f, rep->backends[b].device_note);
+            fprintf(f, "</li>\n");
+        }
+        fprintf(f, "</ul>\n");
+    }
+    fprintf(f, "<h2>Backend &times; M</h2>\n");
     html_heatmap(rep, f);
     fprintf(f, "<h2>Error against K</h2>\n");
     html_error_plot(rep, f);
     fprintf(f, "<h2>Every case</h2>\n");
     for (size_t b = 0; b < rep->num_backends; b++) {
         const fp4d_backend_report *br = &rep->backends[b];
+        char label[96];
+        backend_label(br, label, sizeof label); /* --device all: one section per device */
         fprintf(f, "<details><summary>");
-        esc(f, br->name);
+        esc(f, label);
         fprintf(f, ": %s</summary><table><tr><th>case</th><th>verdict</th><th>cause</th><th>error/bound</th>"
                    "<th>ms</th><th>detail</th></tr>\n", fp4d_verdict_name(br->verdict));
         for (size_t i = 0; i < rep->num_cases; i++) {
