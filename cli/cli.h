@@ -2,6 +2,7 @@
 #ifndef FP4D_CLI_H
 #define FP4D_CLI_H
 
+#include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
 
@@ -62,6 +63,12 @@ bool cli_parse_u64(const char *s, uint64_t *out);
  * otherwise the exit code to return at once: FP4D_EXIT_OK after printing usage to stdout for
  * --help, FP4D_EXIT_USAGE after a one-line error naming an unknown option. */
 int cli_parse_help_only(int argc, char **argv, void (*usage)(FILE *));
+
+/* Long runs that stop cleanly on Ctrl-C (bench, probe): the first SIGINT calls `handler`, which
+ * sets the command's flag; the run stops at its next check and reports what it has. The
+ * handler is reset as it fires (SA_RESETHAND), so a second Ctrl-C kills as usual. *old gets
+ * the previous action, to put back with sigaction(SIGINT, old, NULL). */
+void cli_catch_sigint(void (*handler)(int), struct sigaction *old);
 
 /* Report files of --json FILE|- style options. cli_open_output: "-" is stdout; a new file or a
  * plain one (one link) is written to a temporary file beside it, anything else in place (see

@@ -211,3 +211,13 @@ void cli_discard_output(FILE *f)
     }
     if (p) forget_pending(p);
 }
+
+void cli_catch_sigint(void (*handler)(int), struct sigaction *old)
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = handler;
+    sa.sa_flags = SA_RESETHAND;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, old);
+}

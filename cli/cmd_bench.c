@@ -594,12 +594,8 @@ int cmd_bench(int argc, char **argv)
 
     /* before the report's temporary file exists, so that no Ctrl-C can leave it behind */
     bench_interrupted = 0;
-    struct sigaction sa, old_sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_sigint;
-    sa.sa_flags = SA_RESETHAND;
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGINT, &sa, &old_sa);
+    struct sigaction old_sa;
+    cli_catch_sigint(on_sigint, &old_sa);
     FILE *jf = NULL;
     if (o.json_path && !(jf = cli_open_output(cmd, o.json_path))) {
         sigaction(SIGINT, &old_sa, NULL);

@@ -298,12 +298,8 @@ int cmd_probe(int argc, char **argv)
     o.user = &prog;
     probe_interrupted = 0;
     o.cancel = &probe_interrupted;
-    struct sigaction sa, old_sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_sigint;
-    sa.sa_flags = SA_RESETHAND;
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGINT, &sa, &old_sa);
+    struct sigaction old_sa;
+    cli_catch_sigint(on_sigint, &old_sa);
 
     fp4d_probe_report *r = NULL;
     fp4d_status st = fp4d_probe_run(&o, &r);
