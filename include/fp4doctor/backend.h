@@ -6,6 +6,29 @@
  * faulty-*) and plugins (plugin.h) register the same table. Slots marked (optional) may be
  * NULL. New slots are only ever appended, and api_version says which slots exist, in the
  * way SQLite's sqlite3_vfs.iVersion does. Never modify an iface after registering it.
+ *
+ * Growing this ABI without breaking built plugins:
+ * - A new iface slot goes at the end with FP4D_BACKEND_API_VERSION + 1 (and its end in
+ *   registry.c's iface_size_of_version()). The registry reads an iface only up to the
+ *   smaller of its struct_size and the size its api_version defines; slots past that are
+ *   NULL in the registry's copy. An older plugin keeps working unchanged; a newer one that
+ *   wants to load into an older fp4doctor sets api_version to host->api_version when that
+ *   is lower (plugin.h), as an api_version newer than the host's is refused.
+ * - The structs a backend is handed or fills (fp4d_matrix, fp4d_gemm_desc,
+ *   fp4d_gemm_problem, fp4d_grouped_gemm_problem - whose b is an ARRAY of fp4d_matrix -,
+ *   fp4d_quantize_params/result/problem, fp4d_reason, fp4d_bench_result) have no size
+ *   field: their layouts are frozen for an API version. Changing one means a new API
+ *   version, with the old layout still passed to backends of the old version.
+ * - Enums (fp4d_dtype, fp4d_scale_layout, fp4d_convention, fp4d_backend_kind, FP4D_CAP_*)
+ *   only gain values, appended. A backend must answer supports() "no" for any value it does
+ *   not know (compare with the values it handles, never index a table with an unchecked
+ *   value); the *_COUNT constants are those of the header it was built with.
+ * - fp4d_status only gains codes; a status from a backend that is no fp4d_status reaches
+ *   callers as INTERNAL.
+ *
+ * Threads: the registry functions, fp4d_backend_open/close and the wrappers may be called
+ * from any thread; a backend instance (fp4d_backend_t) is used by one thread at a time
+ * unless its backend says otherwise.
  */
 #ifndef FP4DOCTOR_BACKEND_H
 #define FP4DOCTOR_BACKEND_H
@@ -110,8 +133,10 @@ typedef struct fp4d_registry_options {
  */
 fp4d_status fp4d_registry_init(const fp4d_registry_options *opt);
 /* Registers one backend. Rejects a wrong api_version, a too-small struct_size, missing
- * mandatory slots or a duplicate name with INVALID_ARG. The registry keeps the pointer: iface
- * and the strings it points to must live as long as the process (a static const struct). */
+ * mandatory slots or a duplicate name with INVALID_ARG. The registry keeps its own copy of
+ * the struct (only the bytes struct_size and api_version cover) but not of what it points
+ * to: the name, description and user_data must live as long as the process. Entries are
+ * never removed or moved: pointers from fp4d_registry_get()/find() stay valid. */
 fp4d_status fp4d_registry_add(const fp4d_backend_iface *iface);
 size_t fp4d_registry_count(void);
 const fp4d_backend_iface *fp4d_registry_get(size_t index);  /* NULL if out of range */
@@ -122,13 +147,18 @@ const fp4d_backend_iface *fp4d_registry_find(const char *name); /* NULL if unkno
 typedef struct fp4d_backend *fp4d_backend_t;
 
 /* Opens a backend by name on a device (-1 = host/default). On failure *out is NULL and
- * why says why (unknown name, unavailable here). */
+ * why says why (unknown name, unavailable here). The first call of this or of
+ * fp4d_backend_choose_auto() runs fp4d_registry_init(NULL) when no call has registered the
+ * built-ins yet (fp4d_registry_add() of your own backend does not count). */
 fp4d_status fp4d_backend_open(const char *name, int device, fp4d_backend_t *out, fp4d_reason *why);
 void        fp4d_backend_close(fp4d_backend_t b); /* NULL is a no-op */
 const fp4d_backend_iface *fp4d_backend_iface_of(fp4d_backend_t b);
 
 bool        fp4d_backend_supports(fp4d_backend_t b, const fp4d_gemm_desc *desc, fp4d_reason *why);
-/* Validate, check supports(), then run. UNSUPPORTED with why filled when it cannot. */
+/* Validate, check supports(), then run. UNSUPPORTED with why filled when it cannot. When
+ * the backend itself fails, why and fp4d_last_error() carry its message, or one naming the
+ * backend, the slot and the status where the backend set none (a plugin cannot). On
+ * success, fp4d_last_error() is what it was before the call. */
 fp4d_status fp4d_backend_gemm(fp4d_backend_t b, const fp4d_gemm_problem *p, fp4d_reason *why);
 fp4d_status fp4d_backend_grouped_gemm(fp4d_backend_t b, const fp4d_grouped_gemm_problem *p, fp4d_reason *why);
 fp4d_status fp4d_backend_quantize(fp4d_backend_t b, fp4d_quantize_problem *q, fp4d_reason *why);

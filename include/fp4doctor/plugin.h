@@ -12,6 +12,18 @@
  * sizeof(fp4d_backend_iface), kind = FP4D_BACKEND_KIND_PLUGIN). The iface must stay valid
  * until the process exits (make it static). Return 0 on success, non-zero to refuse to
  * load (host->log() your reason first). Registered names get the prefix "plugin:".
+ * The backends become visible to the registry (and to other threads) only when this
+ * returns 0 and every registration was accepted; a refused plugin leaves no trace.
+ *
+ * Versions: fp4d_plugin_host has no struct_size. Slots are only appended, each with a new
+ * api_version, so read a slot added after version 1 only when host->api_version says it
+ * exists. An iface with an api_version newer than host->api_version is refused: a plugin
+ * built against newer headers that wants to run on an older fp4doctor registers with
+ * api_version = host->api_version (its struct_size may stay larger; the extra slots are not
+ * read). backend.h lists what else is frozen and how enums grow.
+ *
+ * A plugin cannot set fp4d_last_error(): when a slot returns a failure, fp4doctor reports
+ * the backend, the slot and the status (put details in fp4d_reason where a slot has one).
  *
  * The doctor runs every backend's cases in a child process, so a plugin that crashes or
  * hangs costs its own verdicts only. A plugin does not need to link against libfp4doctor.

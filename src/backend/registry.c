@@ -16,6 +16,7 @@
 #include <string.h>
 #include <unistd.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <sys/wait.h>
 
 #include "backend/backend_internal.h"
@@ -33,6 +34,16 @@ enum { REGISTRY_MAX = 256 };
 
 /* The v1 struct ends with the bench slot: a smaller struct_size cannot be a v1 iface. */
 #define FP4D_IFACE_V1_SIZE (offsetof(fp4d_backend_iface, bench) + sizeof(((fp4d_backend_iface *)0)->bench))
+
+/* Bytes of the iface that api_version v defines. When a version appends slots, add its end
+ * here (FP4D_IFACE_V2_SIZE = offsetof + sizeof of its last slot): an iface is read up to
+ * the smaller of this and its struct_size, never further, so an older plugin's smaller
+ * struct never has whatever lies after it in memory read as function pointers. */
+static size_t iface_size_of_version(uint32_t v)
+{
+    (void)v; /* only version 1 exists so far */
+    return FP4D_IFACE_V1_SIZE;
+}
 
 typedef struct registry_entry {
     fp4d_backend_iface iface;
@@ -67,6 +78,50 @@ static void reason_set(fp4d_reason *why, const char *fmt, ...)
     va_end(ap);
 }
 
+/*
+ * fp4d_last_error() promises that successful calls leave it alone, but a successful call
+ * of ours may run failing ones inside (an unavailable backend skipped by `auto`, a backend
+ * that recovers from an error of its own): those save the caller's message first and put
+ * it back when they succeed. The size is status.c's buffer.
+ */
+typedef struct error_saved {
+    char text[1024];
+} error_saved;
+
+static void error_save(error_saved *e) { snprintf(e->text, sizeof e->text, "%s", fp4d_last_error()); }
+static void error_restore(const error_saved *e) { (void)fp4d_set_error(FP4D_STATUS_OK, "%s", e->text); }
+
+/*
+ * Runs around every call into a backend's own code. A backend's failure must leave a
+ * message in fp4d_last_error(), but a plugin cannot set one (it does not link
+ * libfp4doctor), and a built-in backend whose worker thread failed set it in that thread:
+ * without this the caller read a stale message from some earlier failure. A status that
+ * is no fp4d_status (a plugin's -1) becomes INTERNAL, so that callers can switch on it.
+ */
+static void backend_call_begin(error_saved *e)
+{
+    error_save(e);
+    fp4d_clear_error();
+}
+
+static fp4d_status backend_call_end(const error_saved *e, fp4d_status st, const char *backend, const char *slot)
+{
+    if (st == FP4D_STATUS_OK) {
+        error_restore(e);
+        return st;
+    }
+    if ((unsigned)st >= FP4D_STATUS_COUNT_) {
+        error_saved said; /* the buffer being written cannot also be an argument */
+        error_save(&said);
+        return fp4d_set_error(FP4D_STATUS_INTERNAL, "backend %s: %s() returned %d, which is no fp4d_status%s%s",
+                              backend, slot, (int)st, said.text[0] ? ": " : "", said.text);
+    }
+    if (!fp4d_last_error()[0])
+        return fp4d_set_error(st, "backend %s: %s() failed: %s (the backend gave no reason)", backend, slot,
+                              fp4d_status_str(st));
+    return st;
+}
+
 static bool name_is_valid(const char *name)
 {
     if (!name || !*name || strlen(name) > 64) return false;
@@ -82,16 +137,19 @@ static const registry_entry *find_locked(const char *name)
     return NULL;
 }
 
-/* Checks an iface and copies it into the registry under final_name (NULL = iface->name). */
-static fp4d_status registry_add_as(const fp4d_backend_iface *iface, const char *prefix, void *plugin)
+/* Checks an iface and makes the registry's copy of it in *e, named prefix + iface->name
+ * (the name malloc'ed when prefixed: entry_discard() frees it). Nothing is registered yet. */
+static fp4d_status entry_build(const fp4d_backend_iface *iface, const char *prefix, void *plugin, registry_entry *e)
 {
+    memset(e, 0, sizeof *e);
     FP4D_RETURN_ERROR_IF(!iface, INVALID_ARG, "backend iface is NULL");
     FP4D_RETURN_ERROR_IF(iface->api_version == 0 || iface->api_version > FP4D_BACKEND_API_VERSION, INVALID_ARG,
                          "backend '%s': api_version %u is not supported (this fp4doctor speaks backend API v%d)",
                          iface->name ? iface->name : "?", iface->api_version, FP4D_BACKEND_API_VERSION);
-    FP4D_RETURN_ERROR_IF(iface->struct_size < FP4D_IFACE_V1_SIZE, INVALID_ARG,
-                         "backend '%s': struct_size %u is smaller than the v1 iface (%zu bytes)",
-                         iface->name ? iface->name : "?", iface->struct_size, (size_t)FP4D_IFACE_V1_SIZE);
+    FP4D_RETURN_ERROR_IF(iface->struct_size < iface_size_of_version(iface->api_version), INVALID_ARG,
+                         "backend '%s': struct_size %u is smaller than the v%u iface (%zu bytes)",
+                         iface->name ? iface->name : "?", iface->struct_size, iface->api_version,
+                         iface_size_of_version(iface->api_version));
     FP4D_RETURN_ERROR_IF(!name_is_valid(iface->name), INVALID_ARG,
                          "backend name '%s' is not [a-z0-9_-]+ (at most 64 characters)",
                          iface->name ? iface->name : "(null)");
@@ -106,38 +164,70 @@ static fp4d_status registry_add_as(const fp4d_backend_iface *iface, const char *
         FP4D_RETURN_ERROR_IF(!owned, NOMEM, "out of memory");
         snprintf(owned, len, "%s%s", prefix, iface->name);
     }
-    const char *final_name = owned ? owned : iface->name;
+    /* Only the bytes both sides know: a larger struct's extra slots are not ours to read,
+     * and an older, smaller one ends before our newer slots, which stay NULL. */
+    size_t known = iface_size_of_version(iface->api_version);
+    if (known > sizeof e->iface) known = sizeof e->iface;
+    memcpy(&e->iface, iface, iface->struct_size < known ? iface->struct_size : known);
+    e->iface.struct_size = sizeof e->iface;
+    e->iface.name        = owned ? owned : iface->name;
+    if (!e->iface.description) e->iface.description = "";
+    /* Capabilities follow the slots actually present, whatever the flags claim. */
+    e->iface.caps |= FP4D_CAP_GEMM;
+    if (!e->iface.grouped_gemm) e->iface.caps &= ~(uint32_t)FP4D_CAP_GROUPED_GEMM;
+    if (!e->iface.quantize) e->iface.caps &= ~(uint32_t)FP4D_CAP_QUANTIZE;
+    if (plugin && e->iface.kind != FP4D_BACKEND_KIND_FAULTY) e->iface.kind = FP4D_BACKEND_KIND_PLUGIN;
+    e->owned_name = owned;
+    e->plugin     = plugin;
+    return FP4D_STATUS_OK;
+}
 
-    pthread_mutex_lock(&registry_lock);
+static void entry_discard(registry_entry *e)
+{
+    free(e->owned_name);
+    e->owned_name = NULL;
+}
+
+/* Whether name is taken by a registered entry or by one of the n in staged. Caller holds
+ * registry_lock. */
+static bool name_taken_locked(const char *name, const registry_entry *staged, size_t n)
+{
+    if (find_locked(name)) return true;
+    for (size_t i = 0; i < n; i++)
+        if (!strcmp(staged[i].iface.name, name)) return true;
+    return false;
+}
+
+/*
+ * Appends n built entries at once, or none of them (INVALID_ARG for a taken name or a full
+ * registry). Entries are only ever appended, never moved or removed, so every pointer
+ * fp4d_registry_get()/find() returned stays valid and means the same backend. On failure
+ * the caller still owns the entries.
+ */
+static fp4d_status registry_append(registry_entry *entries, size_t n)
+{
     fp4d_status st = FP4D_STATUS_OK;
-    if (find_locked(final_name)) {
-        st = fp4d_set_error(FP4D_STATUS_INVALID_ARG, "a backend named '%s' is already registered", final_name);
-    } else if (registry_len >= REGISTRY_MAX) {
+    pthread_mutex_lock(&registry_lock);
+    for (size_t i = 0; i < n && st == FP4D_STATUS_OK; i++)
+        if (name_taken_locked(entries[i].iface.name, entries, i))
+            st = fp4d_set_error(FP4D_STATUS_INVALID_ARG, "a backend named '%s' is already registered",
+                                entries[i].iface.name);
+    if (st == FP4D_STATUS_OK && n > REGISTRY_MAX - registry_len)
         st = fp4d_set_error(FP4D_STATUS_INVALID_ARG, "too many backends (at most %d)", REGISTRY_MAX);
-    } else {
-        registry_entry *e = &registry[registry_len];
-        memset(e, 0, sizeof *e);
-        /* A newer, larger struct: we read only the slots we know. */
-        memcpy(&e->iface, iface, sizeof e->iface);
-        e->iface.struct_size = sizeof e->iface;
-        e->iface.name        = final_name;
-        if (!e->iface.description) e->iface.description = "";
-        /* Capabilities follow the slots actually present, whatever the flags claim. */
-        e->iface.caps |= FP4D_CAP_GEMM;
-        if (!e->iface.grouped_gemm) e->iface.caps &= ~(uint32_t)FP4D_CAP_GROUPED_GEMM;
-        if (!e->iface.quantize) e->iface.caps &= ~(uint32_t)FP4D_CAP_QUANTIZE;
-        if (plugin && e->iface.kind != FP4D_BACKEND_KIND_FAULTY) e->iface.kind = FP4D_BACKEND_KIND_PLUGIN;
-        e->owned_name = owned;
-        e->plugin     = plugin;
-        owned         = NULL;
-        registry_len++;
+    if (st == FP4D_STATUS_OK) {
+        memcpy(&registry[registry_len], entries, n * sizeof *entries);
+        registry_len += n;
     }
     pthread_mutex_unlock(&registry_lock);
-    free(owned);
     return st;
 }
 
-fp4d_status fp4d_registry_add(const fp4d_backend_iface *iface) { return registry_add_as(iface, NULL, NULL); }
+fp4d_status fp4d_registry_add(const fp4d_backend_iface *iface)
+{
+    registry_entry e;
+    FP4D_FORWARD_IF_ERROR(entry_build(iface, NULL, NULL, &e));
+    return registry_append(&e, 1); /* unprefixed: no name of its own to free on failure */
+}
 
 size_t fp4d_registry_count(void)
 {
@@ -164,32 +254,32 @@ const fp4d_backend_iface *fp4d_registry_find(const char *name)
     return e ? &e->iface : NULL;
 }
 
-/* Drops the entries a plugin registered (its init failed after registering some). */
-static void registry_remove_plugin(void *plugin)
-{
-    pthread_mutex_lock(&registry_lock);
-    size_t w = 0;
-    for (size_t r = 0; r < registry_len; r++) {
-        if (registry[r].plugin == plugin) {
-            free(registry[r].owned_name);
-            continue;
-        }
-        if (w != r) registry[w] = registry[r];
-        w++;
-    }
-    registry_len = w;
-    pthread_mutex_unlock(&registry_lock);
-}
-
 /* ---- plugins ------------------------------------------------------------------------------- */
 
+/*
+ * One plugin being loaded. Its registrations are staged here and enter the registry
+ * together once its init has returned success: while init runs, and if the plugin is
+ * then refused, other threads never see its backends (before, they were registered one by
+ * one and removed again on refusal, so another thread could hold a pointer to an entry
+ * whose name was freed and whose code was dlclose'd, and entries registered meanwhile by
+ * other threads moved under their pointers).
+ */
 typedef struct plugin_load {
-    const char *path;
-    void       *handle;
-    int         registered;
-    fp4d_status first_error;
-    char        error[512];
+    const char     *path;
+    void           *handle;
+    registry_entry *staged;
+    size_t          registered, staged_cap;
+    fp4d_status     first_error;
+    char            error[512];
 } plugin_load;
+
+static void plugin_load_discard(plugin_load *pl)
+{
+    for (size_t i = 0; i < pl->registered; i++) entry_discard(&pl->staged[i]);
+    free(pl->staged);
+    pl->staged     = NULL;
+    pl->registered = pl->staged_cap = 0;
+}
 
 static const char *base_name(const char *path)
 {
@@ -210,15 +300,30 @@ static int host_register_backend(const fp4d_plugin_host *host, const fp4d_backen
         copy.name  = iface->name + strlen(prefix);
         iface      = &copy;
     }
-    fp4d_status st = registry_add_as(iface, prefix, pl->handle);
+    registry_entry e;
+    fp4d_status    st = entry_build(iface, prefix, pl->handle, &e);
+    if (st == FP4D_STATUS_OK) {
+        /* a taken name is refused now, naming it, rather than when the plugin is done */
+        pthread_mutex_lock(&registry_lock);
+        if (name_taken_locked(e.iface.name, pl->staged, pl->registered))
+            st = fp4d_set_error(FP4D_STATUS_INVALID_ARG, "a backend named '%s' is already registered", e.iface.name);
+        pthread_mutex_unlock(&registry_lock);
+    }
+    if (st == FP4D_STATUS_OK && pl->registered == pl->staged_cap) {
+        size_t          cap  = pl->staged_cap ? 2 * pl->staged_cap : 4;
+        registry_entry *more = cap <= REGISTRY_MAX ? realloc(pl->staged, cap * sizeof *more) : NULL;
+        if (!more) st = fp4d_set_error(FP4D_STATUS_INVALID_ARG, "too many backends (at most %d)", REGISTRY_MAX);
+        else pl->staged = more, pl->staged_cap = cap;
+    }
     if (st != FP4D_STATUS_OK) {
+        entry_discard(&e);
         if (pl->first_error == FP4D_STATUS_OK) {
             pl->first_error = st;
             snprintf(pl->error, sizeof pl->error, "%s", fp4d_last_error());
         }
         return 1; /* the load fails with this reason (fp4d_plugin_load) */
     }
-    pl->registered++;
+    pl->staged[pl->registered++] = e;
     return 0;
 }
 
@@ -360,8 +465,14 @@ fp4d_status fp4d_plugin_load(const char *path)
         .host_data        = &pl,
     };
     int rc = entry.fn(&host);
+    if (rc == 0 && pl.first_error == FP4D_STATUS_OK && pl.registered > 0 &&
+        registry_append(pl.staged, pl.registered) != FP4D_STATUS_OK) {
+        /* another thread took one of its names, or the last places, while init ran */
+        pl.first_error = FP4D_STATUS_INVALID_ARG;
+        snprintf(pl.error, sizeof pl.error, "%s", fp4d_last_error());
+    }
     if (rc != 0 || pl.first_error != FP4D_STATUS_OK || pl.registered == 0) {
-        registry_remove_plugin(h);
+        plugin_load_discard(&pl);
         dlclose(h);
         if (pl.first_error != FP4D_STATUS_OK)
             return fp4d_set_error(pl.first_error, "plugin %s: %s", path, pl.error);
@@ -370,6 +481,7 @@ fp4d_status fp4d_plugin_load(const char *path)
                                   path, FP4D_PLUGIN_ENTRY_SYMBOL, rc);
         return fp4d_set_error(FP4D_STATUS_INVALID_ARG, "plugin %s: registered no backend", path);
     }
+    free(pl.staged); /* the registry holds the entries now, names included */
     loaded_plugins[loaded_plugins_len].path   = strdup(path);
     loaded_plugins[loaded_plugins_len].handle = h;
     if (loaded_plugins[loaded_plugins_len].path) loaded_plugins_len++;
@@ -385,6 +497,9 @@ static bool env_is_true(const char *name)
 }
 
 static bool builtins_registered, faulty_registered;
+/* Set once the built-ins are in, read without init_lock by ensure_registry(): an atomic,
+ * so that a thread that sees it also sees the entries. */
+static atomic_bool builtins_done;
 
 fp4d_status fp4d_registry_init(const fp4d_registry_options *opt)
 {
@@ -397,6 +512,7 @@ fp4d_status fp4d_registry_init(const fp4d_registry_options *opt)
 #ifdef FP4D_USE_CUDA
         fp4d_cuda_register_backends();
 #endif
+        atomic_store(&builtins_done, true);
     }
     bool faulty = (opt && opt->include_faulty) || env_is_true("FP4DOCTOR_INCLUDE_FAULTY");
     if (st == FP4D_STATUS_OK && faulty && !faulty_registered) {
@@ -421,9 +537,22 @@ fp4d_status fp4d_registry_init(const fp4d_registry_options *opt)
     return st;
 }
 
+/*
+ * The lazy initialisation of fp4d_backend_open() and `auto`. It asks whether the built-ins
+ * are registered, not whether the registry is empty: a program that registered its own
+ * backend first, or a thread that ran while another was half-way through
+ * fp4d_registry_init() (ref in, cpu not yet), saw a non-empty registry and then "no backend
+ * named 'cpu'". fp4d_registry_init() takes init_lock, so a latecomer waits for the whole
+ * set. A failure here (a broken FP4DOCTOR_PLUGINS entry) is not the caller's failure, and
+ * the caller's call may succeed: its last error stays what it was.
+ */
 static void ensure_registry(void)
 {
-    if (fp4d_registry_count() == 0) (void)fp4d_registry_init(NULL);
+    if (atomic_load(&builtins_done)) return;
+    error_saved saved;
+    error_save(&saved);
+    (void)fp4d_registry_init(NULL);
+    error_restore(&saved);
 }
 
 /* ---- instances ------------------------------------------------------------------------------ */
@@ -448,7 +577,10 @@ fp4d_status fp4d_backend_open(const char *name, int device, fp4d_backend_t *out,
     fp4d_reason local;
     local.text[0] = '\0';
     void       *ctx = NULL;
-    fp4d_status st  = iface->init(iface->user_data, device, &ctx, &local);
+    error_saved saved;
+    backend_call_begin(&saved);
+    fp4d_status st = iface->init(iface->user_data, device, &ctx, &local);
+    st             = backend_call_end(&saved, st, iface->name, "init");
     local.text[FP4D_REASON_MAX - 1] = '\0';
     fp4d_text_clean(local.text); /* a plugin's words go to terminals, JSON and XML */
     if (st != FP4D_STATUS_OK) {
@@ -472,7 +604,10 @@ fp4d_status fp4d_backend_open(const char *name, int device, fp4d_backend_t *out,
 void fp4d_backend_close(fp4d_backend_t b)
 {
     if (!b) return;
+    error_saved saved;
+    error_save(&saved);
     b->iface->free(b->ctx);
+    error_restore(&saved);
     free(b);
 }
 
@@ -490,7 +625,10 @@ bool fp4d_backend_supports(fp4d_backend_t b, const fp4d_gemm_desc *desc, fp4d_re
     }
     fp4d_reason local;
     local.text[0] = '\0';
+    error_saved saved;
+    error_save(&saved); /* "no" is an answer, not a failure: nothing to report */
     bool ok = b->iface->supports(b->ctx, desc, &local);
+    error_restore(&saved);
     local.text[FP4D_REASON_MAX - 1] = '\0';
     fp4d_text_clean(local.text);
     if (!ok && !local.text[0]) snprintf(local.text, sizeof local.text, "%s does not support this problem", b->iface->name);
@@ -513,7 +651,11 @@ fp4d_status fp4d_backend_gemm(fp4d_backend_t b, const fp4d_gemm_problem *p, fp4d
         if (why) *why = local;
         return fp4d_set_error(FP4D_STATUS_UNSUPPORTED, "%s: %s", b->iface->name, local.text);
     }
-    return b->iface->gemm(b->ctx, p);
+    error_saved saved;
+    backend_call_begin(&saved);
+    st = backend_call_end(&saved, b->iface->gemm(b->ctx, p), b->iface->name, "gemm");
+    if (st != FP4D_STATUS_OK) reason_set(why, "%s", fp4d_last_error());
+    return st;
 }
 
 fp4d_status fp4d_backend_grouped_gemm(fp4d_backend_t b, const fp4d_grouped_gemm_problem *p, fp4d_reason *why)
@@ -531,7 +673,11 @@ fp4d_status fp4d_backend_grouped_gemm(fp4d_backend_t b, const fp4d_grouped_gemm_
         if (why) *why = local;
         return fp4d_set_error(FP4D_STATUS_UNSUPPORTED, "%s: %s", b->iface->name, local.text);
     }
-    return b->iface->grouped_gemm(b->ctx, p);
+    error_saved saved;
+    backend_call_begin(&saved);
+    st = backend_call_end(&saved, b->iface->grouped_gemm(b->ctx, p), b->iface->name, "grouped_gemm");
+    if (st != FP4D_STATUS_OK) reason_set(why, "%s", fp4d_last_error());
+    return st;
 }
 
 fp4d_status fp4d_backend_quantize(fp4d_backend_t b, fp4d_quantize_problem *q, fp4d_reason *why)
@@ -544,7 +690,11 @@ fp4d_status fp4d_backend_quantize(fp4d_backend_t b, fp4d_quantize_problem *q, fp
     /* the reference quantizer's checks first: a backend sees only a well-formed problem, as
      * gemm() does (fp4d_gemm_validate) */
     fp4d_status st = fp4d_quantize_check(&q->params, q->src_type, q->src, q->rows, q->cols, q->codes, q->scales);
-    if (st == FP4D_STATUS_OK) st = b->iface->quantize(b->ctx, q);
+    if (st == FP4D_STATUS_OK) {
+        error_saved saved;
+        backend_call_begin(&saved);
+        st = backend_call_end(&saved, b->iface->quantize(b->ctx, q), b->iface->name, "quantize");
+    }
     if (st != FP4D_STATUS_OK) reason_set(why, "%s", fp4d_last_error());
     return st;
 }
@@ -744,6 +894,11 @@ fp4d_status fp4d_backend_choose_auto(const fp4d_gemm_desc *desc, const char **na
         return FP4D_STATUS_OK;
     }
 
+    /* Backends that cannot open here, or fail their validation, are skipped, each setting
+     * the last error on the way; a choice made in the end is a success, which leaves the
+     * caller's last error alone. */
+    error_saved saved;
+    error_save(&saved);
     size_t          count = fp4d_registry_count();
     auto_candidate *cand  = calloc(count ? count : 1, sizeof *cand);
     FP4D_RETURN_ERROR_IF(!cand, NOMEM, "out of memory");
@@ -818,5 +973,6 @@ fp4d_status fp4d_backend_choose_auto(const fp4d_gemm_desc *desc, const char **na
         reason_set(why, "no registered backend supports this problem");
         return fp4d_set_error(st, "auto: no registered backend supports this problem");
     }
+    error_restore(&saved);
     return FP4D_STATUS_OK;
 }
