@@ -91,8 +91,11 @@ bool cli_load_operand(const fp4d_st_file *f, const char *name, bool allow_plain,
     if (t->dtype != FP4D_ST_U8)
         FAIL("tensor '%s' is %s: expected U8 packed FP4 codes%s", name, fp4d_st_dtype_name(t->dtype),
              allow_plain ? " or an F32/BF16/F16 matrix" : "");
-    if (t->ndim != 2 || t->shape[0] < 1 || t->shape[1] < 1)
-        FAIL("quantized tensor '%s' must be 2-D [rows, K/2] and non-empty, has %d dimensions", name, (int)t->ndim);
+    if (t->ndim != 2)
+        FAIL("quantized tensor '%s' must be 2-D [rows, K/2], has %d dimensions", name, (int)t->ndim);
+    if (t->shape[0] < 1 || t->shape[1] < 1)
+        FAIL("quantized tensor '%s' is empty ([%lld, %lld]); it must have at least one row and one code byte", name,
+             (long long)t->shape[0], (long long)t->shape[1]);
     const fp4d_st_tensor *s = find_suffixed(f, name, "_scale");
     if (!s) FAIL("tensor '%s' is U8 but has no '%s_scale' block scales", name, name);
     int64_t rows = t->shape[0], K = 2 * t->shape[1];
@@ -104,8 +107,12 @@ bool cli_load_operand(const fp4d_st_file *f, const char *name, bool allow_plain,
     if (s->dtype == FP4D_ST_F8_E4M3) fmt = FP4D_DTYPE_NVFP4;
     else if (s->dtype == FP4D_ST_F8_E8M0) fmt = FP4D_DTYPE_MXFP4;
     else if (s->dtype == FP4D_ST_U8) {
-        if (meta_fmt && !strcmp(meta_fmt, "nvfp4")) fmt = FP4D_DTYPE_NVFP4;
-        else if (meta_fmt && !strcmp(meta_fmt, "mxfp4")) fmt = FP4D_DTYPE_MXFP4;
+        /* names compare as everywhere else (case-insensitive): "NVFP4" on U8 scales was
+         * refused as contradicting them */
+        fp4d_dtype named;
+        const bool has_named = meta_fmt && fp4d_dtype_from_name(meta_fmt, &named);
+        if (has_named && named == FP4D_DTYPE_NVFP4) fmt = FP4D_DTYPE_NVFP4;
+        else if (has_named && named == FP4D_DTYPE_MXFP4) fmt = FP4D_DTYPE_MXFP4;
         else if (s->ndim == 2 && s->shape[0] == rows && s->shape[1] == K / 16) fmt = FP4D_DTYPE_NVFP4;
         else fmt = FP4D_DTYPE_MXFP4;
     } else {

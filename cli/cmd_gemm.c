@@ -176,6 +176,7 @@ int cmd_gemm(int argc, char **argv)
         return cli_fail(FP4D_EXIT_USAGE, cmd,
                         "expected A.safetensors:NAME B.safetensors:NAME OUT.safetensors (see fp4doctor gemm --help)");
     const char *out_path = argv[optind + 2];
+    if (!out_path[0]) return cli_fail(FP4D_EXIT_USAGE, cmd, "OUT is an empty path");
     spec_operand a, b;
     int rc = spec_parse(cmd, "A", argv[optind], &a);
     if (rc) return rc;

@@ -4,6 +4,7 @@
  * file and renamed, and may not be the input.
  */
 #include <getopt.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -137,12 +138,25 @@ static int quantize_one(const char *cmd, const quant_opts *o, const fp4d_st_tens
     size_t scale_bytes = fp4d_scale_buffer_size(o->params.scale_layout, rows, scale_cols);
     uint8_t *codes = owned_alloc(owned, code_bytes);
     uint8_t *scales = owned_alloc(owned, scale_bytes);
-    void *src = owned_alloc(owned, t->nbytes); /* aligned copy: the mapping may be misaligned */
     float *scale_2 = owned_alloc(owned, sizeof(float));
-    if (!codes || !scales || !src || !scale_2) return cli_fail(FP4D_EXIT_INTERNAL, cmd, "out of memory for '%s'", t->name);
-    memcpy(src, t->data, t->nbytes);
+    if (!codes || !scales || !scale_2) return cli_fail(FP4D_EXIT_INTERNAL, cmd, "out of memory for '%s'", t->name);
+    /* The source is read in place where the mapping is aligned for its type (it is, in files
+     * whose header length is a multiple of 8), else through a copy freed at once: the copies
+     * used to live until the file was saved, so a checkpoint took its own size again in
+     * memory on top of the mapping and the output. */
+    const size_t elem = src_type == FP4D_DTYPE_F32 ? 4 : 2;
+    void *copy = NULL;
+    const void *src = t->data;
+    if ((uintptr_t)t->data % elem != 0) {
+        copy = malloc(t->nbytes);
+        if (!copy) return cli_fail(FP4D_EXIT_INTERNAL, cmd, "out of memory for '%s'", t->name);
+        memcpy(copy, t->data, t->nbytes);
+        src = copy;
+    }
     fp4d_quantize_result res;
-    if (fp4d_quantize(&o->params, src_type, src, rows, cols, codes, scales, &res) != FP4D_STATUS_OK)
+    const fp4d_status qs = fp4d_quantize(&o->params, src_type, src, rows, cols, codes, scales, &res);
+    free(copy);
+    if (qs != FP4D_STATUS_OK)
         return cli_fail(FP4D_EXIT_INPUT, cmd, "cannot quantize '%s': %s", t->name, fp4d_last_error());
     *scale_2 = res.decode_scale;
 
@@ -281,7 +295,9 @@ int cmd_quantize(int argc, char **argv)
     if (rc < 0) {
         o.in = argv[optind];
         o.out = argv[optind + 1];
-        if (cli_same_file(o.in, o.out)) {
+        if (!o.out[0]) { /* the writer's own words for it ("empty path") were exit 3 */
+            rc = cli_fail(FP4D_EXIT_USAGE, cmd, "OUT is an empty path");
+        } else if (cli_same_file(o.in, o.out)) {
             rc = cli_fail(FP4D_EXIT_USAGE, cmd, "OUT is the same file as IN ('%s'): refusing to overwrite the input",
                           o.out);
         } else {
@@ -389,6 +405,7 @@ int cmd_dequantize(int argc, char **argv)
     if (argc - optind != 2)
         return cli_fail(FP4D_EXIT_USAGE, cmd, "expected IN.safetensors OUT.safetensors (see fp4doctor dequantize --help)");
     const char *in_path = argv[optind], *out_path = argv[optind + 1];
+    if (!out_path[0]) return cli_fail(FP4D_EXIT_USAGE, cmd, "OUT is an empty path");
     if (cli_same_file(in_path, out_path))
         return cli_fail(FP4D_EXIT_USAGE, cmd, "OUT is the same file as IN ('%s'): refusing to overwrite the input",
                         out_path);

@@ -36,6 +36,9 @@ struct fp4d_st_writer {
     st_write_entry *entries;
     size_t          count, cap;
     json_t         *metadata; /* object of strings, in insertion order */
+    json_t         *names;    /* the tensor names added, as keys: a hashed duplicate check, since
+                               * comparing with every earlier name made quantizing a MoE shard of
+                               * 20,000 tensors (60,000 written) take 20 s */
 };
 
 fp4d_st_writer *fp4d_st_writer_new(void)
@@ -43,7 +46,10 @@ fp4d_st_writer *fp4d_st_writer_new(void)
     fp4d_st_writer *w = calloc(1, sizeof *w);
     if (!w) return NULL;
     w->metadata = json_object();
-    if (!w->metadata) {
+    w->names = json_object();
+    if (!w->metadata || !w->names) {
+        json_decref(w->metadata);
+        json_decref(w->names);
         free(w);
         return NULL;
     }
@@ -56,6 +62,7 @@ void fp4d_st_writer_free(fp4d_st_writer *w)
     for (size_t i = 0; i < w->count; i++) free(w->entries[i].name);
     free(w->entries);
     json_decref(w->metadata);
+    json_decref(w->names);
     free(w);
 }
 
@@ -71,9 +78,8 @@ fp4d_status fp4d_st_writer_add(fp4d_st_writer *w, const char *name, fp4d_st_dtyp
                          "safetensors writer: tensor '%s' has %d dimensions", name, (int)ndim);
     FP4D_RETURN_ERROR_IF(nbytes > 0 && !data, INVALID_ARG, "safetensors writer: tensor '%s' has no data",
                          name);
-    for (size_t i = 0; i < w->count; i++)
-        FP4D_RETURN_ERROR_IF(!strcmp(w->entries[i].name, name), INVALID_ARG,
-                             "safetensors writer: duplicate tensor name '%s'", name);
+    FP4D_RETURN_ERROR_IF(json_object_get(w->names, name) != NULL, INVALID_ARG,
+                         "safetensors writer: duplicate tensor name '%s'", name);
 
     uint64_t nelem = 1;
     for (int32_t d = 0; d < ndim; d++) {
@@ -104,6 +110,11 @@ fp4d_status fp4d_st_writer_add(fp4d_st_writer *w, const char *name, fp4d_st_dtyp
     memset(e, 0, sizeof *e);
     e->name = strdup(name);
     FP4D_RETURN_ERROR_IF(!e->name, NOMEM, "safetensors writer: out of memory");
+    /* _nocheck: a name that is not UTF-8 is still refused where it always was, at save */
+    if (json_object_set_new_nocheck(w->names, name, json_true()) != 0) {
+        free(e->name);
+        return fp4d_set_error(FP4D_STATUS_NOMEM, "safetensors writer: out of memory");
+    }
     e->dtype = dtype;
     e->ndim = ndim;
     for (int32_t d = 0; d < ndim; d++) e->shape[d] = shape[d];

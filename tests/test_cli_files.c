@@ -1,0 +1,333 @@
+/*
+ * quantize, dequantize, gemm and verify on files a user brings: large and many-tensor
+ * checkpoints, metadata written by other tools, empty quantized tensors, an empty OUT, an OUT
+ * that is the input under another name, a perturbed GEMM output. The built binary
+ * ($FP4DOCTOR_BIN, set by ctest) runs as a user would run it; each test names the defect it
+ * guards against.
+ */
+#include <dirent.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <cmocka.h>
+
+#include "fp4doctor/formats.h"
+#include "fp4doctor/io.h"
+#include "test_util.h"
+
+#if defined(__SANITIZE_ADDRESS__)
+#define UNDER_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define UNDER_ASAN 1
+#endif
+#endif
+#ifndef UNDER_ASAN
+#define UNDER_ASAN 0
+#endif
+
+static char dir[256];
+static const char *bin;
+
+static const char *path_of(const char *name)
+{
+    static char buf[8][512];
+    static int next;
+    char *p = buf[next++ % 8];
+    snprintf(p, 512, "%s/%s", dir, name);
+    return p;
+}
+
+/* Runs "prefix 'bin' args" through the shell (prefix: e.g. a ulimit); output to files in dir. */
+static int run_with(const char *prefix, const char *fmt, ...)
+{
+    char args[2048], cmd[4096];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(args, sizeof args, fmt, ap);
+    va_end(ap);
+    snprintf(cmd, sizeof cmd, "%s '%s' %s >'%s/stdout.txt' 2>'%s/stderr.txt'", prefix, bin, args, dir, dir);
+    int st = system(cmd);
+    assert_true(WIFEXITED(st));
+    return WEXITSTATUS(st);
+}
+#define run_cli(...) run_with("", __VA_ARGS__)
+
+static bool output_contains(const char *which, const char *needle)
+{
+    char *s = tu_slurp(path_of(which), NULL);
+    bool ok = s && strstr(s, needle);
+    if (!ok) fprintf(stderr, "%s lacks '%s': %s\n", which, needle, s ? s : "(missing)");
+    free(s);
+    return ok;
+}
+
+static int setup(void **state)
+{
+    (void)state;
+    bin = getenv("FP4DOCTOR_BIN");
+    if (!bin) bin = FP4D_TEST_BINARY_DIR "/fp4doctor";
+    snprintf(dir, sizeof dir, "/tmp/fp4d_cli_files_XXXXXX");
+    return mkdtemp(dir) ? 0 : -1;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    DIR *d = opendir(dir);
+    if (d) {
+        struct dirent *de;
+        while ((de = readdir(d)))
+            if (de->d_name[0] != '.') unlink(path_of(de->d_name));
+        closedir(d);
+    }
+    rmdir(dir);
+    return 0;
+}
+
+/* One tensor per call of add(); saved to dir/name. */
+static void save_file(fp4d_st_writer *w, const char *name, const char *meta_key, const char *meta_value)
+{
+    if (meta_key) assert_int_equal(fp4d_st_writer_set_metadata(w, meta_key, meta_value), FP4D_STATUS_OK);
+    assert_int_equal(fp4d_st_writer_save(w, path_of(name)), FP4D_STATUS_OK);
+    fp4d_st_writer_free(w);
+}
+
+/* The data limit (KiB, `ulimit -d`) under which this fp4doctor starts at all: linked with the
+ * CUDA libraries it needs 128-256 MiB for their writable segments before doing anything,
+ * without them a few MiB. Found by bisection on `--version`, in 4 MiB steps. */
+static long startup_data_kib(void)
+{
+    long lo = 0, hi = 1L << 21; /* 2 GiB starts on any build */
+    while (hi - lo > 4096) {
+        const long mid = (lo + hi) / 2;
+        char prefix[64];
+        snprintf(prefix, sizeof prefix, "ulimit -d %ld;", mid);
+        if (run_with(prefix, "--version") == 0) hi = mid;
+        else lo = mid;
+    }
+    return hi;
+}
+
+/* quantize kept an aligned copy of every source tensor until the output was saved, so a
+ * checkpoint cost its own size again in memory. A 48 MiB F32 tensor with 32 MiB of data room
+ * above what the binary needs to start (private writable memory; the read-only mapping of the
+ * input does not count) failed with "out of memory" (exit 4); the output is 6.75 MiB. */
+static void test_quantize_does_not_copy_the_checkpoint(void **state)
+{
+    (void)state;
+    if (UNDER_ASAN) skip(); /* the sanitizer's shadow memory does not fit any data limit */
+    enum { ROWS = 768, COLS = 16384 };
+    float *x = malloc((size_t)ROWS * COLS * sizeof *x);
+    assert_non_null(x);
+    for (size_t i = 0; i < (size_t)ROWS * COLS; i++) x[i] = (float)((int)(i % 13) - 6) * 0.5f;
+    fp4d_st_writer *w = fp4d_st_writer_new();
+    int64_t shape[2] = {ROWS, COLS};
+    assert_int_equal(fp4d_st_writer_add(w, "big.weight", FP4D_ST_F32, 2, shape, x, (uint64_t)ROWS * COLS * 4), 0);
+    save_file(w, "big.safetensors", NULL, NULL);
+
+    char limit[64];
+    snprintf(limit, sizeof limit, "ulimit -d %ld;", startup_data_kib() + 32768);
+    assert_int_equal(run_with(limit, "quantize '%s' '%s'", path_of("big.safetensors"), path_of("big_q.safetensors")), 0);
+    fp4d_st_open_result res;
+    fp4d_st_file *f = fp4d_st_open(path_of("big_q.safetensors"), &res);
+    assert_non_null(f);
+    const fp4d_st_tensor *t = fp4d_st_find(f, "big.weight");
+    assert_non_null(t);
+    assert_int_equal(t->dtype, FP4D_ST_U8);
+    /* the codes are those of the library on the same data */
+    fp4d_quantize_params qp = {FP4D_DTYPE_NVFP4, FP4D_CONV_FLASHINFER_EXACT, FP4D_LAYOUT_LINEAR, 0.0f};
+    uint8_t *codes = malloc((size_t)ROWS * COLS / 2), *scales = malloc((size_t)ROWS * COLS / 16);
+    assert_int_equal(fp4d_quantize(&qp, FP4D_DTYPE_F32, x, ROWS, COLS, codes, scales, NULL), FP4D_STATUS_OK);
+    assert_memory_equal(t->data, codes, (size_t)ROWS * COLS / 2);
+    assert_memory_equal(fp4d_st_find(f, "big.weight_scale")->data, scales, (size_t)ROWS * COLS / 16);
+    fp4d_st_close(f);
+    free(codes);
+    free(scales);
+    free(x);
+    unlink(path_of("big.safetensors"));
+    unlink(path_of("big_q.safetensors"));
+}
+
+/* Many tensors through quantize: every one comes out with its scales, and the writer (which
+ * now finds names in a hash, where it compared each new name with every earlier one) still
+ * refuses a duplicate. Its speed with the count is a benchmark's business
+ * (bench/bench_writer.c: 30,000 tensors took 112 s before). */
+static void test_quantize_many_tensors(void **state)
+{
+    (void)state;
+    enum { N = 3000 };
+    static float v[16];
+    for (int i = 0; i < 16; i++) v[i] = (float)(i - 8);
+    fp4d_st_writer *w = fp4d_st_writer_new();
+    int64_t shape[2] = {1, 16};
+    for (int i = 0; i < N; i++) {
+        char name[64];
+        snprintf(name, sizeof name, "model.layers.%d.mlp.experts.%d.w", i / 1000, i % 1000);
+        assert_int_equal(fp4d_st_writer_add(w, name, FP4D_ST_F32, 2, shape, v, sizeof v), 0);
+    }
+    save_file(w, "many.safetensors", "format", "pt");
+
+    assert_int_equal(run_cli("quantize '%s' '%s'", path_of("many.safetensors"), path_of("many_q.safetensors")), 0);
+    assert_true(output_contains("stdout.txt", "quantized 3000 tensors"));
+    fp4d_st_open_result res;
+    fp4d_st_file *f = fp4d_st_open(path_of("many_q.safetensors"), &res);
+    assert_non_null(f);
+    assert_int_equal(fp4d_st_count(f), 3 * N);
+    assert_non_null(fp4d_st_find(f, "model.layers.2.mlp.experts.999.w_scale_2"));
+    assert_string_equal(fp4d_st_metadata(f, "format"), "pt");
+    fp4d_st_close(f);
+    /* the writer still refuses a duplicate name */
+    w = fp4d_st_writer_new();
+    assert_int_equal(fp4d_st_writer_add(w, "a", FP4D_ST_F32, 2, shape, v, sizeof v), 0);
+    assert_int_equal(fp4d_st_writer_add(w, "b", FP4D_ST_F32, 2, shape, v, sizeof v), 0);
+    assert_int_equal(fp4d_st_writer_add(w, "a", FP4D_ST_F32, 2, shape, v, sizeof v), FP4D_STATUS_INVALID_ARG);
+    fp4d_st_writer_free(w);
+    unlink(path_of("many.safetensors"));
+    unlink(path_of("many_q.safetensors"));
+}
+
+/* Format names compare case-insensitively everywhere (--format NVFP4 works), but U8 block
+ * scales with "fp4doctor.format.w": "NVFP4" were taken as MXFP4 unless their shape was the
+ * linear [rows, K/16], and then refused as contradicting the metadata (exit 3): so swizzled
+ * NVFP4 scales stored as U8 (a padded [128, 4]) could not be read. */
+static void test_metadata_format_name_any_case(void **state)
+{
+    (void)state;
+    enum { ROWS = 2, K = 32 };
+    uint8_t codes[ROWS * K / 2], scales[128 * 4] = {0};
+    for (int i = 0; i < ROWS * K / 2; i++) codes[i] = (uint8_t)(i * 37);
+    for (int r = 0; r < ROWS; r++)
+        for (int c = 0; c < K / 16; c++)
+            scales[fp4d_scale_offset(FP4D_LAYOUT_SWIZZLED_128X4, ROWS, K / 16, r, c)] = (uint8_t)(0x30 + 2 * r + c);
+    fp4d_st_writer *w = fp4d_st_writer_new();
+    int64_t sc[2] = {ROWS, K / 2}, ss[2] = {128, 4};
+    assert_int_equal(fp4d_st_writer_add(w, "w", FP4D_ST_U8, 2, sc, codes, sizeof codes), 0);
+    assert_int_equal(fp4d_st_writer_add(w, "w_scale", FP4D_ST_U8, 2, ss, scales, sizeof scales), 0);
+    assert_int_equal(fp4d_st_writer_set_metadata(w, "fp4doctor.scale_layout.w", "swizzled"), 0);
+    save_file(w, "upper.safetensors", "fp4doctor.format.w", "NVFP4");
+
+    assert_int_equal(run_cli("dequantize '%s' '%s'", path_of("upper.safetensors"), path_of("upper_d.safetensors")), 0);
+    float want[ROWS * K];
+    assert_int_equal(fp4d_dequantize(FP4D_DTYPE_NVFP4, FP4D_LAYOUT_SWIZZLED_128X4, codes, scales, 1.0f, ROWS, K, want),
+                     FP4D_STATUS_OK);
+    fp4d_st_open_result res;
+    fp4d_st_file *f = fp4d_st_open(path_of("upper_d.safetensors"), &res);
+    assert_non_null(f);
+    const fp4d_st_tensor *t = fp4d_st_find(f, "w");
+    assert_non_null(t);
+    assert_int_equal(t->dtype, FP4D_ST_F32);
+    assert_int_equal(t->shape[1], K);
+    assert_memory_equal(t->data, want, sizeof want);
+    fp4d_st_close(f);
+}
+
+/* An empty quantized tensor was reported as "must be 2-D ... has 2 dimensions". */
+static void test_empty_quantized_tensor_message(void **state)
+{
+    (void)state;
+    fp4d_st_writer *w = fp4d_st_writer_new();
+    int64_t sc[2] = {0, 8}, ss[2] = {0, 1};
+    assert_int_equal(fp4d_st_writer_add(w, "w", FP4D_ST_U8, 2, sc, NULL, 0), 0);
+    assert_int_equal(fp4d_st_writer_add(w, "w_scale", FP4D_ST_F8_E4M3, 2, ss, NULL, 0), 0);
+    save_file(w, "empty_q.safetensors", NULL, NULL);
+    assert_int_equal(run_cli("dequantize '%s' '%s'", path_of("empty_q.safetensors"), path_of("x.safetensors")), 3);
+    assert_true(output_contains("stderr.txt", "'w' is empty ([0, 8])"));
+    assert_int_equal(access(path_of("x.safetensors"), F_OK), -1);
+}
+
+/* An empty OUT is a usage error (exit 2) with a message saying so, not the writer's
+ * "NULL writer or empty path" and exit 3. */
+static void test_empty_out_is_usage_error(void **state)
+{
+    (void)state;
+    float v[4 * 32];
+    for (int i = 0; i < 4 * 32; i++) v[i] = (float)(i % 7) - 3.0f;
+    fp4d_st_writer *w = fp4d_st_writer_new();
+    int64_t s[2] = {4, 32};
+    assert_int_equal(fp4d_st_writer_add(w, "a", FP4D_ST_F32, 2, s, v, sizeof v), 0);
+    save_file(w, "e_in.safetensors", NULL, NULL);
+    assert_int_equal(run_cli("quantize '%s' '%s'", path_of("e_in.safetensors"), path_of("e_q.safetensors")), 0);
+
+    assert_int_equal(run_cli("quantize '%s' ''", path_of("e_in.safetensors")), 2);
+    assert_true(output_contains("stderr.txt", "OUT is an empty path"));
+    assert_int_equal(run_cli("dequantize '%s' ''", path_of("e_q.safetensors")), 2);
+    assert_true(output_contains("stderr.txt", "OUT is an empty path"));
+    assert_int_equal(run_cli("gemm '%s:a' '%s:a' ''", path_of("e_in.safetensors"), path_of("e_q.safetensors")), 2);
+    assert_true(output_contains("stderr.txt", "OUT is an empty path"));
+}
+
+/* OUT naming IN through a symbolic link or a second hard link is refused and IN is intact;
+ * a perturbed GEMM output fails verify with exit 1 and says where. (Guards, not fixes.) */
+static void test_out_is_in_and_perturbed_verify(void **state)
+{
+    (void)state;
+    float a[3 * 32], b[5 * 32];
+    for (int i = 0; i < 3 * 32; i++) a[i] = (float)((i * 7) % 11) * 0.25f - 1.0f;
+    for (int i = 0; i < 5 * 32; i++) b[i] = (float)((i * 5) % 13) * 0.5f - 3.0f;
+    fp4d_st_writer *w = fp4d_st_writer_new();
+    int64_t sa[2] = {3, 32}, sb[2] = {5, 32};
+    assert_int_equal(fp4d_st_writer_add(w, "a", FP4D_ST_F32, 2, sa, a, sizeof a), 0);
+    assert_int_equal(fp4d_st_writer_add(w, "b", FP4D_ST_F32, 2, sb, b, sizeof b), 0);
+    save_file(w, "o_in.safetensors", "note", "kept");
+    size_t in_len;
+    char *before = tu_slurp(path_of("o_in.safetensors"), &in_len);
+    assert_int_equal(symlink(path_of("o_in.safetensors"), path_of("o_link.safetensors")), 0);
+    assert_int_equal(link(path_of("o_in.safetensors"), path_of("o_hard.safetensors")), 0);
+    assert_int_equal(run_cli("quantize '%s' '%s'", path_of("o_in.safetensors"), path_of("o_link.safetensors")), 2);
+    assert_int_equal(run_cli("quantize '%s' '%s'", path_of("o_in.safetensors"), path_of("o_hard.safetensors")), 2);
+    size_t now_len;
+    char *now = tu_slurp(path_of("o_in.safetensors"), &now_len);
+    assert_int_equal(now_len, in_len);
+    assert_memory_equal(now, before, in_len);
+    free(now);
+    free(before);
+
+    assert_int_equal(run_cli("quantize --tensor b '%s' '%s'", path_of("o_in.safetensors"), path_of("o_q.safetensors")),
+                     0);
+    assert_int_equal(run_cli("gemm --out-dtype bf16 '%s:a' '%s:b' '%s'", path_of("o_in.safetensors"),
+                             path_of("o_q.safetensors"), path_of("o_out.safetensors")),
+                     0);
+    assert_int_equal(run_cli("verify '%s:a' '%s:b' '%s:out'", path_of("o_in.safetensors"), path_of("o_q.safetensors"),
+                             path_of("o_out.safetensors")),
+                     0);
+    /* one element one bf16 step up */
+    fp4d_st_open_result res;
+    fp4d_st_file *f = fp4d_st_open(path_of("o_out.safetensors"), &res);
+    assert_non_null(f);
+    const fp4d_st_tensor *t = fp4d_st_find(f, "out");
+    uint16_t out[15];
+    assert_int_equal(t->nbytes, sizeof out);
+    memcpy(out, t->data, sizeof out);
+    fp4d_st_close(f);
+    out[7]++;
+    w = fp4d_st_writer_new();
+    int64_t so[2] = {3, 5};
+    assert_int_equal(fp4d_st_writer_add(w, "out", FP4D_ST_BF16, 2, so, out, sizeof out), 0);
+    save_file(w, "o_bad.safetensors", NULL, NULL);
+    assert_int_equal(run_cli("verify '%s:a' '%s:b' '%s:out'", path_of("o_in.safetensors"), path_of("o_q.safetensors"),
+                             path_of("o_bad.safetensors")),
+                     1);
+    assert_true(output_contains("stdout.txt", "verify: FAIL: 1 of 15 elements"));
+    assert_true(output_contains("stdout.txt", "max error 1 ulps at [1, 2]"));
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_quantize_does_not_copy_the_checkpoint),
+        cmocka_unit_test(test_quantize_many_tensors),
+        cmocka_unit_test(test_metadata_format_name_any_case),
+        cmocka_unit_test(test_empty_quantized_tensor_message),
+        cmocka_unit_test(test_empty_out_is_usage_error),
+        cmocka_unit_test(test_out_is_in_and_perturbed_verify),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
