@@ -36,38 +36,11 @@
 static char dir[256];
 static const char *bin;
 
-static const char *path_of(const char *name)
-{
-    static char buf[8][512];
-    static int next;
-    char *p = buf[next++ % 8];
-    snprintf(p, 512, "%s/%s", dir, name);
-    return p;
-}
-
-/* Runs "prefix 'bin' args" through the shell (prefix: e.g. a ulimit); output to files in dir. */
-static int run_with(const char *prefix, const char *fmt, ...)
-{
-    char args[2048], cmd[4096];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(args, sizeof args, fmt, ap);
-    va_end(ap);
-    snprintf(cmd, sizeof cmd, "%s '%s' %s >'%s/stdout.txt' 2>'%s/stderr.txt'", prefix, bin, args, dir, dir);
-    int st = system(cmd);
-    assert_true(WIFEXITED(st));
-    return WEXITSTATUS(st);
-}
+#define path_of(name) tu_path_in(dir, (name))
+/* "prefix 'bin' args" through the shell (prefix: e.g. a ulimit); output to files in dir */
+#define run_with(prefix, ...) tu_run_cli(bin, dir, (prefix), __VA_ARGS__)
 #define run_cli(...) run_with("", __VA_ARGS__)
-
-static bool output_contains(const char *which, const char *needle)
-{
-    char *s = tu_slurp(path_of(which), NULL);
-    bool ok = s && strstr(s, needle);
-    if (!ok) fprintf(stderr, "%s lacks '%s': %s\n", which, needle, s ? s : "(missing)");
-    free(s);
-    return ok;
-}
+#define output_contains(which, needle) tu_output_contains(dir, (which), (needle))
 
 static int setup(void **state)
 {

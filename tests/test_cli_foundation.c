@@ -27,38 +27,10 @@
 static char dir[256];
 static const char *bin;
 
-static const char *path_of(const char *name)
-{
-    static char buf[8][512];
-    static int next;
-    char *p = buf[next++ % 8];
-    snprintf(p, 512, "%s/%s", dir, name);
-    return p;
-}
-
-/* Runs the CLI with a shell-quoted argument string; stderr/stdout go to files in dir.
- * Returns the exit code. */
-static int run_cli(const char *fmt, ...)
-{
-    char args[2048], cmd[4096];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(args, sizeof args, fmt, ap);
-    va_end(ap);
-    snprintf(cmd, sizeof cmd, "'%s' %s >'%s/stdout.txt' 2>'%s/stderr.txt'", bin, args, dir, dir);
-    int st = system(cmd);
-    assert_true(WIFEXITED(st));
-    return WEXITSTATUS(st);
-}
-
-static bool output_contains(const char *which, const char *needle)
-{
-    char *s = tu_slurp(path_of(which), NULL);
-    bool ok = s && strstr(s, needle);
-    if (!ok) fprintf(stderr, "%s lacks '%s': %s\n", which, needle, s ? s : "(missing)");
-    free(s);
-    return ok;
-}
+#define path_of(name) tu_path_in(dir, (name))
+/* the CLI with a shell-quoted argument string; stdout/stderr to files in dir; the exit code */
+#define run_cli(...) tu_run_cli(bin, dir, "", __VA_ARGS__)
+#define output_contains(which, needle) tu_output_contains(dir, (which), (needle))
 
 /* stderr is exactly one line that names the command. */
 static void assert_one_line_error(void)

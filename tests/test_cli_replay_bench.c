@@ -31,55 +31,13 @@
 static char dir[256];
 static const char *bin;
 
-static const char *path_of(const char *name)
-{
-    static char buf[8][512];
-    static int next;
-    char *p = buf[next++ % 8];
-    snprintf(p, 512, "%s/%s", dir, name);
-    return p;
-}
-
-/* Runs the CLI with a shell-quoted argument string (after an optional shell prefix such as a
- * ulimit); stdout and stderr go to files in dir. Returns the exit code. */
-static int run_prefixed(const char *prefix, const char *fmt, va_list ap)
-{
-    char args[2048], cmd[4096];
-    vsnprintf(args, sizeof args, fmt, ap);
-    snprintf(cmd, sizeof cmd, "%s '%s' %s >'%s/stdout.txt' 2>'%s/stderr.txt'", prefix, bin, args, dir, dir);
-    int st = system(cmd);
-    assert_true(WIFEXITED(st));
-    return WEXITSTATUS(st);
-}
-
-static int run_cli(const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    int rc = run_prefixed("", fmt, ap);
-    va_end(ap);
-    return rc;
-}
-
-/* The same with the address space capped at 2 GiB: a run that allocates more fails, where
- * without the cap it would take the machine's memory. */
-static int run_cli_capped(const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    int rc = run_prefixed("ulimit -v 2097152;", fmt, ap);
-    va_end(ap);
-    return rc;
-}
-
-static bool output_contains(const char *which, const char *needle)
-{
-    char *s = tu_slurp(path_of(which), NULL);
-    bool ok = s && strstr(s, needle);
-    if (!ok) fprintf(stderr, "%s lacks '%s': %s\n", which, needle, s ? s : "(missing)");
-    free(s);
-    return ok;
-}
+#define path_of(name) tu_path_in(dir, (name))
+/* the CLI with a shell-quoted argument string; stdout/stderr to files in dir; the exit code */
+#define run_cli(...) tu_run_cli(bin, dir, "", __VA_ARGS__)
+/* the same with the address space capped at 2 GiB: a run that allocates more fails, where
+ * without the cap it would take the machine's memory */
+#define run_cli_capped(...) tu_run_cli(bin, dir, "ulimit -v 2097152;", __VA_ARGS__)
+#define output_contains(which, needle) tu_output_contains(dir, (which), (needle))
 
 static size_t output_size(const char *which)
 {

@@ -1,12 +1,15 @@
 /*
  * Helpers shared by the test programs: reading a whole file, running a shell command and
- * capturing its stdout, a monotonic clock, and counting the files of a folder by name. Header-only so that every test program can use
+ * capturing its stdout, a monotonic clock, counting the files of a folder by name, and running
+ * the fp4doctor binary in a scratch folder (CLI tests). Header-only so that every test program can use
  * it without a library of its own.
  */
 #ifndef FP4D_TEST_UTIL_H
 #define FP4D_TEST_UTIL_H
 
 #include <dirent.h>
+#include <stdarg.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -81,6 +84,49 @@ static inline int tu_count_prefixed(const char *dir, const char *prefix)
     for (struct dirent *e; (e = readdir(d));) n += strncmp(e->d_name, prefix, strlen(prefix)) == 0;
     closedir(d);
     return n;
+}
+
+/* ---- CLI tests: the binary run through the shell, its output in files of a scratch folder ---- */
+
+/* dir/name, in one of eight rotating buffers (so that a call can take several paths). */
+static inline const char *tu_path_in(const char *dir, const char *name)
+{
+    static char buf[8][512];
+    static int next;
+    char *p = buf[next++ % 8];
+    snprintf(p, 512, "%s/%s", dir, name);
+    return p;
+}
+
+/* Runs "prefix 'bin' args" through the shell, args printf-formatted and already shell-quoted
+ * by the caller (prefix: "" or e.g. a ulimit), stdout and stderr to dir/stdout.txt and
+ * dir/stderr.txt. Returns the exit code, or 128 + the signal that killed it. */
+static inline int tu_run_cli_v(const char *bin, const char *dir, const char *prefix, const char *fmt, va_list ap)
+{
+    char args[2048], cmd[4096];
+    vsnprintf(args, sizeof args, fmt, ap);
+    snprintf(cmd, sizeof cmd, "%s '%s' %s >'%s/stdout.txt' 2>'%s/stderr.txt'", prefix, bin, args, dir, dir);
+    const int st = system(cmd);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + (WIFSIGNALED(st) ? WTERMSIG(st) : 0);
+}
+
+static inline int tu_run_cli(const char *bin, const char *dir, const char *prefix, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    const int rc = tu_run_cli_v(bin, dir, prefix, fmt, ap);
+    va_end(ap);
+    return rc;
+}
+
+/* Whether dir/which contains needle; says what it holds instead when not. */
+static inline bool tu_output_contains(const char *dir, const char *which, const char *needle)
+{
+    char *s = tu_slurp(tu_path_in(dir, which), NULL);
+    const bool ok = s && strstr(s, needle);
+    if (!ok) fprintf(stderr, "%s lacks '%s': %s\n", which, needle, s ? s : "(missing)");
+    free(s);
+    return ok;
 }
 
 #endif
