@@ -45,8 +45,7 @@ static const char *bin;
 static int setup(void **state)
 {
     (void)state;
-    bin = getenv("FP4DOCTOR_BIN");
-    if (!bin) bin = FP4D_TEST_BINARY_DIR "/fp4doctor";
+    bin = tu_cli_binary();
     snprintf(dir, sizeof dir, "/tmp/fp4d_cli_files_XXXXXX");
     return mkdtemp(dir) ? 0 : -1;
 }
@@ -54,14 +53,7 @@ static int setup(void **state)
 static int teardown(void **state)
 {
     (void)state;
-    DIR *d = opendir(dir);
-    if (d) {
-        struct dirent *de;
-        while ((de = readdir(d)))
-            if (de->d_name[0] != '.') unlink(path_of(de->d_name));
-        closedir(d);
-    }
-    rmdir(dir);
+    tu_remove_tree(dir);
     return 0;
 }
 

@@ -92,8 +92,7 @@ static void make_input(void)
 static int setup(void **state)
 {
     (void)state;
-    bin = getenv("FP4DOCTOR_BIN");
-    if (!bin) bin = FP4D_TEST_BINARY_DIR "/fp4doctor";
+    bin = tu_cli_binary();
     snprintf(dir, sizeof dir, "/tmp/fp4d_cli_test_XXXXXX");
     if (!mkdtemp(dir)) return -1;
     make_input();
@@ -103,14 +102,7 @@ static int setup(void **state)
 static int teardown(void **state)
 {
     (void)state;
-    DIR *d = opendir(dir);
-    if (d) {
-        struct dirent *de;
-        while ((de = readdir(d)))
-            if (de->d_name[0] != '.') unlink(path_of(de->d_name));
-        closedir(d);
-    }
-    rmdir(dir);
+    tu_remove_tree(dir);
     return 0;
 }
 

@@ -58,29 +58,10 @@ static void generate(const char *name, fp4d_ckpt_format format, int32_t experts,
     assert_int_equal(fp4d_ckpt_generate(path_of(name), &p), FP4D_STATUS_OK);
 }
 
-static void remove_tree(const char *path)
-{
-    DIR *d = opendir(path);
-    if (!d) {
-        unlink(path);
-        return;
-    }
-    struct dirent *de;
-    char sub[1024];
-    while ((de = readdir(d)))
-        if (strcmp(de->d_name, ".") && strcmp(de->d_name, "..")) {
-            snprintf(sub, sizeof sub, "%s/%s", path, de->d_name);
-            remove_tree(sub);
-        }
-    closedir(d);
-    rmdir(path);
-}
-
 static int setup(void **state)
 {
     (void)state;
-    bin = getenv("FP4DOCTOR_BIN");
-    if (!bin) bin = FP4D_TEST_BINARY_DIR "/fp4doctor";
+    bin = tu_cli_binary();
     snprintf(dir, sizeof dir, "/tmp/fp4d_replay_bench_XXXXXX");
     if (!mkdtemp(dir)) return -1;
     generate("mo", FP4D_CKPT_MODELOPT_NVFP4, 0, NULL);
@@ -98,7 +79,7 @@ static int setup(void **state)
 static int teardown(void **state)
 {
     (void)state;
-    remove_tree(dir);
+    tu_remove_tree(dir);
     return 0;
 }
 

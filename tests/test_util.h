@@ -15,6 +15,7 @@
 #include <string.h>
 #include <sys/wait.h>
 #include <time.h>
+#include <unistd.h>
 
 /* Everything left to read on f, NUL-terminated; *len (when len is not NULL) gets its length.
  * Returns a malloc'd buffer the caller frees, or NULL when out of memory. Does not close f. */
@@ -87,6 +88,35 @@ static inline int tu_count_prefixed(const char *dir, const char *prefix)
 }
 
 /* ---- CLI tests: the binary run through the shell, its output in files of a scratch folder ---- */
+
+/* The fp4doctor binary under test: FP4DOCTOR_BIN (ctest sets it), else the build's. */
+static inline const char *tu_cli_binary(void)
+{
+    const char *b = getenv("FP4DOCTOR_BIN");
+    return b ? b : FP4D_TEST_BINARY_DIR "/fp4doctor";
+}
+
+/* Removes path and, for a folder, everything below it (a test's scratch folder). */
+static inline void tu_remove_tree(const char *path)
+{
+    DIR *d = opendir(path);
+    if (!d) {
+        unlink(path);
+        return;
+    }
+    struct dirent *de;
+    while ((de = readdir(d)))
+        if (strcmp(de->d_name, ".") && strcmp(de->d_name, "..")) {
+            const size_t n = strlen(path) + strlen(de->d_name) + 2;
+            char *sub = malloc(n);
+            if (!sub) break;
+            snprintf(sub, n, "%s/%s", path, de->d_name);
+            tu_remove_tree(sub);
+            free(sub);
+        }
+    closedir(d);
+    rmdir(path);
+}
 
 /* dir/name, in one of eight rotating buffers (so that a call can take several paths). */
 static inline const char *tu_path_in(const char *dir, const char *name)
