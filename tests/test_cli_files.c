@@ -22,16 +22,6 @@
 #include "fp4doctor/io.h"
 #include "test_util.h"
 
-#if defined(__SANITIZE_ADDRESS__)
-#define UNDER_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define UNDER_ASAN 1
-#endif
-#endif
-#ifndef UNDER_ASAN
-#define UNDER_ASAN 0
-#endif
 
 static char dir[256];
 static const char *bin;
@@ -88,7 +78,7 @@ static long startup_data_kib(void)
 static void test_quantize_does_not_copy_the_checkpoint(void **state)
 {
     (void)state;
-    if (UNDER_ASAN) skip(); /* the sanitizer's shadow memory does not fit any data limit */
+    if (TU_SANITIZED) skip(); /* the sanitizer's shadow memory does not fit any data limit */
     enum { ROWS = 768, COLS = 16384 };
     float *x = malloc((size_t)ROWS * COLS * sizeof *x);
     assert_non_null(x);

@@ -270,6 +270,37 @@ static void test_quantize_bit_identical(void **state)
     free(src), free(src16);
 }
 
+/* NVFP4 under the default convention derives 2688/amax, which is +inf for an all-zero tensor
+ * (and for amax below ~8e-36): the threaded quantizer must still give what one call gives,
+ * not INVALID_ARG from chunks handed a non-finite encode scale. Called with 3 threads
+ * directly so that it splits on any machine. */
+static void test_quantize_zero_amax_threaded(void **state)
+{
+    (void)state;
+    const int64_t rows = 300, cols = 64;
+    float        *src = calloc((size_t)(rows * cols), sizeof(float));
+    for (int tiny = 0; tiny < 3; tiny++) {
+        for (int64_t i = 0; i < rows * cols; i++)
+            src[i] = tiny == 0 ? 0.0f : tiny == 1 ? -0.0f : (i % 7 == 0 ? 1e-37f : -3e-38f);
+        for (int lay = 0; lay < FP4D_LAYOUT_COUNT; lay++) {
+            fp4d_quantize_params qp  = {FP4D_DTYPE_NVFP4, FP4D_CONV_FLASHINFER_EXACT, (fp4d_scale_layout)lay, 0.0f};
+            size_t               ssz = fp4d_scale_buffer_size(qp.scale_layout, rows, cols / 16);
+            uint8_t *c1 = malloc((size_t)(rows * cols / 2)), *c2 = malloc((size_t)(rows * cols / 2));
+            uint8_t *s1 = malloc(ssz), *s2 = malloc(ssz);
+            memset(c2, 0xAB, (size_t)(rows * cols / 2)), memset(s2, 0xAB, ssz);
+            fp4d_quantize_result r1;
+            assert_int_equal(fp4d_quantize(&qp, FP4D_DTYPE_F32, src, rows, cols, c1, s1, &r1), FP4D_STATUS_OK);
+            fp4d_quantize_problem q = {qp, FP4D_DTYPE_F32, src, rows, cols, c2, s2, {0, 0}};
+            assert_int_equal(fp4d_threaded_quantize(&q, 3), FP4D_STATUS_OK);
+            assert_memory_equal(c1, c2, (size_t)(rows * cols / 2));
+            assert_memory_equal(s1, s2, ssz);
+            assert_memory_equal(&r1, &q.result, sizeof r1);
+            free(c1), free(c2), free(s1), free(s2);
+        }
+    }
+    free(src);
+}
+
 /* Internal scale offsets agree with the formats module for every layout. */
 static void test_scale_offsets(void **state)
 {
@@ -294,6 +325,7 @@ int main(void)
         cmocka_unit_test(test_nan_propagation),
         cmocka_unit_test(test_grouped_moe),
         cmocka_unit_test(test_quantize_bit_identical),
+        cmocka_unit_test(test_quantize_zero_amax_threaded),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

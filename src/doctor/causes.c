@@ -35,6 +35,7 @@ typedef struct hypothesis {
     fp4d_mistake a, b;
     alpha_mode   alpha;
     accum_mode   acc;
+    int64_t      tile;   /* ACC_BF16_BLOCKS: elements summed in f32 before each bf16 add */
 } hypothesis;
 
 static const char *const advice[FP4D_CAUSE_COUNT] = {
@@ -82,6 +83,7 @@ static int add(hypothesis *h, int n, fp4d_cause cause, const char *which, fp4d_m
 {
     if (n >= MAX_HYPOTHESES) return n;
     h[n].cause = cause, h[n].which = which, h[n].a = a, h[n].b = b, h[n].alpha = alpha, h[n].acc = acc;
+    h[n].tile = 16;
     return n + 1;
 }
 
@@ -146,6 +148,22 @@ static int build_hypotheses(const fp4d_case_data *d, hypothesis *h)
     n = add(h, n, FP4D_CAUSE_LOW_PRECISION_ACCUMULATION, "bf16 accumulator", none, none, ALPHA_AS_GIVEN, ACC_BF16);
     n = add(h, n, FP4D_CAUSE_LOW_PRECISION_ACCUMULATION, "fp16 accumulator", none, none, ALPHA_AS_GIVEN, ACC_F16);
     n = add(h, n, FP4D_CAUSE_LOW_PRECISION_ACCUMULATION, "bf16 partial sums per block", none, none, ALPHA_AS_GIVEN, ACC_BF16_BLOCKS);
+    /* The usual form of this bug in a tiled kernel: the MMA sums one K tile in f32 and the
+     * bf16 accumulator takes the tile sums (a Triton kernel with a bf16 `acc`). Without
+     * these, such a kernel was WRONG with cause "unknown". Only with at least 4 tiles: with
+     * fewer, the hypothesis is (close to) one extra bf16 rounding of the f32 sum, which is
+     * what a correct kernel that applies alpha after the conversion (torchao) produces. */
+    static const int64_t tiles[] = {64, 128, 256};
+    static const char *const tile_names[] = {"bf16 accumulator of f32 sums per 64-element K tile",
+                                             "bf16 accumulator of f32 sums per 128-element K tile",
+                                             "bf16 accumulator of f32 sums per 256-element K tile"};
+    for (int t = 0; t < 3; t++) {
+        if (c->k < 4 * tiles[t]) break;
+        int m = add(h, n, FP4D_CAUSE_LOW_PRECISION_ACCUMULATION, tile_names[t], none, none, ALPHA_AS_GIVEN,
+                    ACC_BF16_BLOCKS);
+        if (m > n) h[n].tile = tiles[t];
+        n = m;
+    }
     return n;
 }
 
@@ -182,13 +200,13 @@ static double hyp_value(const fp4d_case_data *d, const hypothesis *h, const doub
         v *= alpha;
     } else {
         /* Sequential accumulation in k order, rounded after every add (or after every
-         * 16-element block for ACC_BF16_BLOCKS, whose partial sums are f32). */
+         * block of h->tile elements for ACC_BF16_BLOCKS, whose partial sums are f32). */
         float acc = 0.0f, part = 0.0f;
         for (int64_t k = 0; k < K; k++) {
             float prod = (float)(ra[k] * rb[k]);
             if (h->acc == ACC_BF16_BLOCKS) {
                 part += prod;
-                if ((k + 1) % 16 == 0 || k + 1 == K) {
+                if ((k + 1) % h->tile == 0 || k + 1 == K) {
                     acc = round_acc(ACC_BF16, acc + part);
                     part = 0.0f;
                 }

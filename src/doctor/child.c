@@ -158,9 +158,7 @@ int fp4d_doctor_child_main(int argc, char **argv, int out_fd)
         }
         if (retire) {
             emit(json_pack("{s:s, s:s}", "event", "retire", "reason", lost));
-            free(cases);
-            fclose(child_out);
-            return FP4D_EXIT_OK; /* the backend is not closed: its context is gone */
+            break; /* closing frees the host side; on a lost context the CUDA calls just fail */
         }
     }
     fp4d_backend_close(b);

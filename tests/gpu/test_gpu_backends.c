@@ -1446,11 +1446,17 @@ static void test_query_opens_no_context(void **state)
 
 #ifdef FP4D_TEST_CUDA_KERNELS
 /* In a process of its own (re-executed, argv[1] = "--lose-context"): a pending error that is
- * not sticky is not a lost context; a kernel writing to an address that is not mapped is. */
+ * not sticky is not a lost context; a kernel writing to an address that is not mapped is; and
+ * a backend opened before can still be closed then (the doctor's child closes its backend
+ * before it retires). */
 static int lose_context_child(void)
 {
     char why[256] = "";
     void *p = NULL;
+    fp4d_backend_t b = NULL;
+    fp4d_reason reason;
+    if (fp4d_registry_init(NULL) != FP4D_STATUS_OK || fp4d_backend_open("cuda", 0, &b, &reason) != FP4D_STATUS_OK)
+        return 9;
     if (cudaSetDevice(0) != cudaSuccess || cudaMalloc(&p, 4096) != cudaSuccess) return 10;
     if (fp4d_cuda_context_lost(0, why, sizeof why)) return 11;
     void *huge = NULL;
@@ -1460,6 +1466,7 @@ static int lose_context_child(void)
     (void)fp4d_cuda_fill_random_fp4((uint8_t *)(uintptr_t)0x10, (size_t)1 << 20, 1, NULL);
     if (!fp4d_cuda_context_lost(0, why, sizeof why)) return 15;
     fprintf(stderr, "  %s\n", why);
+    fp4d_backend_close(b);
     return strstr(why, "cudaError") ? 0 : 16;
 }
 #endif

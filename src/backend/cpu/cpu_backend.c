@@ -175,6 +175,10 @@ fp4d_status fp4d_threaded_quantize(fp4d_quantize_problem *q, int threads)
             FP4D_FORWARD_IF_ERROR(
                 fp4d_quantize(&pp, FP4D_DTYPE_F32, probe, 1, tf->block_size, pcodes, pscales, &q->result));
             j.params.encode_scale = q->result.encode_scale;
+            /* 2688/amax is +inf for an all-zero tensor (or amax below ~8e-36), and a given
+             * encode scale must be finite: the chunks would all fail with INVALID_ARG where
+             * the one call succeeds. Such a tensor runs as one call. */
+            if (!isfinite(j.params.encode_scale)) parallel = false;
         }
     }
     if (!parallel)
