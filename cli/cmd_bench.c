@@ -523,7 +523,7 @@ int cmd_bench(int argc, char **argv)
             if (!strcmp(v, "all")) o.device = -1;
             else {
                 uint64_t d;
-                if (!cli_parse_u64(v, &d) || d > 1024)
+                if (!cli_parse_u64(v, &d) || d >= 1024)
                     return cli_fail(FP4D_EXIT_USAGE, cmd, "--device takes a GPU index or 'all', not '%s'", v);
                 o.device = (int)d;
             }

@@ -36,7 +36,8 @@ static void usage(FILE *f)
             "Environment: FP4DOCTOR_TIMEOUT_SCALE multiplies every time limit (default 1);\n"
             "NO_COLOR disables colour.\n"
             "Exit: 0 every checked backend passed (or is unsupported here), 1 a backend failed,\n"
-            "2 usage error, 3 a plugin could not be loaded, 4 internal error.\n");
+            "2 usage error, 3 a plugin could not be loaded or a report could not be written,\n"
+            "4 internal error.\n");
 }
 
 /* --opt VALUE or --opt=VALUE. Returns the value or NULL (and *i advanced past it). */

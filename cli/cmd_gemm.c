@@ -161,7 +161,7 @@ int cmd_gemm(int argc, char **argv)
             break;
         case 'd': {
             uint64_t v;
-            if (!cli_parse_u64(optarg, &v) || v > 1024)
+            if (!cli_parse_u64(optarg, &v) || v >= 1024) /* as check and bench: 0..1023 */
                 return cli_fail(FP4D_EXIT_USAGE, cmd, "--device must be a GPU index, not '%s'", optarg);
             device = (int)v;
             break;

@@ -25,7 +25,7 @@ static void scan_usage(FILE *f)
                "  --scales-only  read only block-scale and global-scale tensors (~11%% of the bytes)\n"
                "  --json FILE|-  write the JSON report (docs/json-schema.md) to FILE or stdout\n"
                "  --threads N    reader threads (default: one per CPU)\n\n"
-               "exit: 0 no error finding, 1 an error finding, 2 usage, 3 PATH unreadable\n");
+               "exit: 0 no error finding, 1 an error finding, 2 usage, 3 PATH unreadable, 4 internal error\n");
 }
 
 typedef struct progress_state {
@@ -148,7 +148,7 @@ static void replay_usage(FILE *f)
                "available backend against the exact reference, with activations drawn at the scale\n"
                "its input scale implies, and prints the same verdicts as `fp4doctor check`.\n\n"
                "  --backend LIST  comma-separated backend names (default: all available)\n"
-               "  --rows M        activation rows (default 16)\n"
+               "  --rows M        activation rows, 1..4096 (default 16)\n"
                "  --seed S        activation seed (default 1)\n\n"
                "exit: 0 every backend PASS or UNSUPPORTED, 1 a failure, 2 usage, 3 unreadable input\n");
 }
