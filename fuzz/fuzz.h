@@ -9,5 +9,8 @@
 
 int fp4d_fuzz_st_header(const uint8_t *data, size_t size);
 int fp4d_fuzz_quant_config(const uint8_t *data, size_t size);
+int fp4d_fuzz_names(const uint8_t *data, size_t size);
+int fp4d_fuzz_probe_classify(const uint8_t *data, size_t size); /* a no-op without libcurl */
+int fp4d_fuzz_ckpt_index(const uint8_t *data, size_t size);
 
 #endif

@@ -76,11 +76,18 @@ int main(int argc, char **argv)
     } else {
         rc |= run_dir(fp4d_fuzz_st_header, FP4D_FUZZ_CORPUS_DIR "/st_header", &count);
         rc |= run_dir(fp4d_fuzz_quant_config, FP4D_FUZZ_CORPUS_DIR "/quant_config", &count);
+        rc |= run_dir(fp4d_fuzz_names, FP4D_FUZZ_CORPUS_DIR "/names", &count);
+        rc |= run_dir(fp4d_fuzz_probe_classify, FP4D_FUZZ_CORPUS_DIR "/probe_classify", &count);
+        rc |= run_dir(fp4d_fuzz_ckpt_index, FP4D_FUZZ_CORPUS_DIR "/ckpt_index", &count);
         /* The empty input and a lone length field, always. */
         static const uint8_t eight[8] = {0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff};
         fp4d_fuzz_st_header(eight, 0);
         fp4d_fuzz_st_header(eight, 8);
         fp4d_fuzz_quant_config(eight, 0);
+        fp4d_fuzz_names(eight, 0);
+        fp4d_fuzz_probe_classify(eight, 0);
+        fp4d_fuzz_probe_classify(eight, 1);
+        fp4d_fuzz_ckpt_index(eight, 0);
     }
     printf("replayed %zu corpus file(s)\n", count);
     return rc || count == 0;
