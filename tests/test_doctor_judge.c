@@ -18,6 +18,7 @@
 
 #include "doctor/doctor_internal.h"
 #include "fp4doctor/doctor.h"
+#include "test_judge_util.h"
 #include "fp4doctor/ref.h"
 #include "out_elem.h"
 
@@ -268,16 +269,7 @@ static fp4d_case make_case(fp4d_dtype a, fp4d_scale_layout layout, fp4d_input_ki
     return c;
 }
 
-static fp4d_case_result run(synth_kind k, const fp4d_case *c)
-{
-    fp4d_backend_t b;
-    fp4d_reason why;
-    assert_int_equal(fp4d_backend_open(synth_names[k], -1, &b, &why), FP4D_STATUS_OK);
-    fp4d_case_result r;
-    assert_int_equal(fp4d_doctor_run_case(b, c, 42, &r), FP4D_STATUS_OK);
-    fp4d_backend_close(b);
-    return r;
-}
+static fp4d_case_result run(synth_kind k, const fp4d_case *c) { return tj_run_case(synth_names[k], c); }
 
 static void expect(synth_kind k, const fp4d_case *c, fp4d_verdict v, fp4d_cause cause)
 {

@@ -17,6 +17,7 @@
 
 #include "doctor/doctor_internal.h"
 #include "fp4doctor/doctor.h"
+#include "test_judge_util.h"
 
 typedef enum variant {
     V_SPLITK7,       /* correct: 7 K splits summed in f32 */
@@ -161,16 +162,7 @@ static fp4d_case make_case(fp4d_dtype a, fp4d_input_kind in, fp4d_dtype out, int
     return c;
 }
 
-static fp4d_case_result run(variant v, const fp4d_case *c)
-{
-    fp4d_backend_t b;
-    fp4d_reason why;
-    assert_int_equal(fp4d_backend_open(names[v], -1, &b, &why), FP4D_STATUS_OK);
-    fp4d_case_result r;
-    assert_int_equal(fp4d_doctor_run_case(b, c, 42, &r), FP4D_STATUS_OK);
-    fp4d_backend_close(b);
-    return r;
-}
+static fp4d_case_result run(variant v, const fp4d_case *c) { return tj_run_case(names[v], c); }
 
 static void expect(variant v, const fp4d_case *c, fp4d_verdict verdict, fp4d_cause cause, const char *in_detail,
                    const char *not_in_detail)
