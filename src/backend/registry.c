@@ -542,8 +542,9 @@ fp4d_status fp4d_registry_init(const fp4d_registry_options *opt)
  * are registered, not whether the registry is empty: a program that registered its own
  * backend first, or a thread that ran while another was half-way through
  * fp4d_registry_init() (ref in, cpu not yet), saw a non-empty registry and then "no backend
- * named 'cpu'". fp4d_registry_init() takes init_lock, so a latecomer waits for the whole
- * set. A failure here (a broken FP4DOCTOR_PLUGINS entry) is not the caller's failure, and
+ * named 'cpu'". fp4d_registry_init() takes init_lock, so a latecomer waits for all the
+ * built-ins (not for FP4DOCTOR_PLUGINS, which a concurrent init may still be loading: a
+ * plugin's backend is there once that init returns). A failure here (a broken FP4DOCTOR_PLUGINS entry) is not the caller's failure, and
  * the caller's call may succeed: its last error stays what it was.
  */
 static void ensure_registry(void)

@@ -52,8 +52,8 @@ long fp4d_env_digits(const char *text, long max)
     long v = 0;
     for (const char *p = text; *p; p++) {
         if (*p < '0' || *p > '9') return -1;
+        if (v > (max - (*p - '0')) / 10) return -1; /* v * 10 + digit would pass max */
         v = v * 10 + (*p - '0');
-        if (v > max) return -1;
     }
     return v;
 }

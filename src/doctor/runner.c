@@ -290,9 +290,11 @@ static fp4d_status child_ended(job *j, bool killed_for_timeout, double limit)
     } else if (j->fatal) {
         mark_rest(j, FP4D_VERDICT_ERROR, false, j->rep->unavailable);
         return FP4D_STATUS_OK;
-    } else if (j->retired && !in_case && WIFEXITED(status) && WEXITSTATUS(status) == 0) {
+    } else if (j->retired && !in_case) {
         /* the child ended itself after a result, its CUDA context lost (child.c): the case
-         * that broke it has its verdict; the rest go to a fresh child below */
+         * that broke it has its verdict; the rest go to a fresh child below. However it
+         * exited: closing a backend on a lost context may itself crash, and that must not
+         * cost the cases it never started. */
         j->retired = false;
     } else if (WIFSIGNALED(status)) {
         int sig = WTERMSIG(status);

@@ -781,12 +781,13 @@ out:
  * resolver socket pair. Under the common soft limit of 1024 open files, --concurrency 2000
  * made hundreds of connects fail inside this process ("Couldn't connect to server"), which
  * the report then blamed on the server as a batch-dependent fault. So: raise the soft limit
- * toward what the window needs (up to the hard limit; *saved gets the old one, to put back
- * after the probe), and refuse a window that even the hard limit cannot hold.
+ * toward what the window needs (up to the hard limit), and refuse a window that even the hard
+ * limit cannot hold. The raised limit stays: putting it back after the probe pulled it from
+ * under another probe still running in the same process (which had found it high enough),
+ * and a higher soft limit harms nothing.
  */
-static fp4d_status ensure_open_files(unsigned concurrency, struct rlimit *saved, bool *raised)
+static fp4d_status ensure_open_files(unsigned concurrency)
 {
-    *raised = false;
     struct rlimit rl;
     if (getrlimit(RLIMIT_NOFILE, &rl) != 0) return FP4D_STATUS_OK; /* unknown: let curl try */
     rlim_t want = 2 * (rlim_t)concurrency + 64, need = (rlim_t)concurrency + 32;
@@ -794,11 +795,7 @@ static fp4d_status ensure_open_files(unsigned concurrency, struct rlimit *saved,
     rlim_t to = (rl.rlim_max == RLIM_INFINITY || rl.rlim_max >= want) ? want : rl.rlim_max;
     if (to > rl.rlim_cur) {
         struct rlimit more = {to, rl.rlim_max};
-        if (setrlimit(RLIMIT_NOFILE, &more) == 0) {
-            *saved = rl;
-            *raised = true;
-            rl.rlim_cur = to;
-        }
+        if (setrlimit(RLIMIT_NOFILE, &more) == 0) rl.rlim_cur = to;
     }
     if (rl.rlim_cur < need)
         return fp4d_set_error(FP4D_STATUS_INVALID_ARG,
@@ -825,17 +822,8 @@ fp4d_status fp4d_probe_run(const fp4d_probe_options *o, fp4d_probe_report **out)
     FP4D_RETURN_ERROR_IF(o->api != FP4D_PROBE_API_CHAT && o->api != FP4D_PROBE_API_COMPLETIONS,
                          INVALID_ARG, "unknown API");
     FP4D_RETURN_ERROR_IF(fp4d_probe_prompt_count() == 0, NOMEM, "out of memory building the prompt set");
-    struct rlimit saved_files;
-    bool files_raised = false;
-    fp4d_status fst = ensure_open_files(o->concurrency, &saved_files, &files_raised);
-    if (fst != FP4D_STATUS_OK) {
-        if (files_raised) setrlimit(RLIMIT_NOFILE, &saved_files);
-        return fst;
-    }
-    if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK) {
-        if (files_raised) setrlimit(RLIMIT_NOFILE, &saved_files);
-        return fp4d_set_error(FP4D_STATUS_INTERNAL, "libcurl failed to initialise");
-    }
+    FP4D_FORWARD_IF_ERROR(ensure_open_files(o->concurrency));
+    FP4D_RETURN_ERROR_IF(curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK, INTERNAL, "libcurl failed to initialise");
 
     fp4d_probe_report *r = calloc(1, sizeof *r);
     probe_ctx c = {.o = o, .r = r, .t0 = fp4d_now_s()};
@@ -912,7 +900,6 @@ done:
     free(c.base);
     curl_global_cleanup();
     /* Every socket of the probe is closed by now: the caller's limit holds again. */
-    if (files_raised) setrlimit(RLIMIT_NOFILE, &saved_files);
     if (st != FP4D_STATUS_OK) {
         fp4d_probe_report_free(r);
         return st;

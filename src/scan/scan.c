@@ -454,7 +454,10 @@ static fp4d_status add_file(scan_ctx *c, const char *rel)
     f->fd = -1;
     f->rel = strdup(rel);
     f->path = c->root ? path_join(c->root, rel) : strdup(rel);
-    if (!f->rel || !f->path || json_object_set_new(c->file_ids, rel, json_integer((json_int_t)c->num_files)) != 0) {
+    /* _nocheck: a file name need not be UTF-8 (readdir), and jansson's checked setter
+     * refuses such keys */
+    if (!f->rel || !f->path ||
+        json_object_set_new_nocheck(c->file_ids, rel, json_integer((json_int_t)c->num_files)) != 0) {
         free(f->rel);
         free(f->path);
         return fp4d_set_error(FP4D_STATUS_NOMEM, "out of memory");

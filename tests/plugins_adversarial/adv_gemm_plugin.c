@@ -9,6 +9,7 @@
  * backend. The test driver (test_adversarial_plugins.c) checks that the doctor gives each
  * the verdict and cause it deserves. ADV_BUG = 0 is the correct control.
  */
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -59,6 +60,7 @@
 #define BUG_N_TAIL             26 /* last column written as 0 when N % 128 != 0 */
 #define BUG_CLOBBER_INPUT      27 /* uses A's block-scale buffer as scratch (writes its input) */
 #define BUG_BLOCK32_STRIDE     28 /* NVFP4 scale column k/32, but the true K/16 row stride */
+#define BUG_FREE_CRASH         29 /* free() dies of SIGSEGV (a GPU backend torn down on a lost context) */
 
 #define NVFP4_BLOCK 16
 #define MXFP4_BLOCK 32
@@ -335,7 +337,13 @@ static fp4d_status adv_init(void *user_data, int device, void **ctx, fp4d_reason
     return FP4D_STATUS_OK;
 }
 
-static void adv_free(void *ctx) { (void)ctx; }
+static void adv_free(void *ctx)
+{
+    (void)ctx;
+#if ADV_BUG == BUG_FREE_CRASH
+    raise(SIGSEGV);
+#endif
+}
 
 static bool adv_supports(void *ctx, const fp4d_gemm_desc *d, fp4d_reason *why)
 {

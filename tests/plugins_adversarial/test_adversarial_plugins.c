@@ -402,6 +402,27 @@ static void test_unavailable_backend(void **state)
     run_free(&r);
 }
 
+/* A child that retires (its CUDA context lost; simulated here for every case by the test
+ * switch) closes its backend first, and a close that crashes must not cost the cases it never
+ * started: the runner took a retired child's crash between cases for a crash of the backend
+ * and marked every remaining case CRASH. */
+static void test_retired_child_crashing_in_close(void **state)
+{
+    (void)state;
+    run_result r = run_cli("FP4DOCTOR_CHILD_RETIRE_AFTER=1",
+                           "check --no-cache --suite quick --plugin %s/adv_free_crash.so --backend "
+                           "plugin:adv-free-crash --case nvfp4xnvfp4.swz.grid --json -",
+                           FP4D_ADV_DIR);
+    assert_int_equal(r.rc, 0);
+    json_error_t e;
+    json_t *j = json_loads(r.out, 0, &e);
+    assert_non_null(j);
+    json_t *rec = json_array_get(json_object_get(j, "backends"), 0);
+    assert_string_equal(str_or_empty(rec, "verdict"), "PASS");
+    json_decref(j);
+    run_free(&r);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -418,6 +439,7 @@ int main(void)
         cmocka_unit_test(test_name_clash_between_plugins),
         cmocka_unit_test(test_env_var_and_flags),
         cmocka_unit_test(test_unavailable_backend),
+        cmocka_unit_test(test_retired_child_crashing_in_close),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

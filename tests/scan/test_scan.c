@@ -415,6 +415,32 @@ static void copy_file(const char *from, const char *to)
  * so its tensors the index lacks are missing from the model. The scan used to ignore the file
  * and call the checkpoint clean. Stale copies of indexed tensors, and a differently named file
  * (consolidated.safetensors), stay quiet. */
+/* Shard names come from readdir and need not be UTF-8: the lookup of files by name (a JSON
+ * object used as a hash) refused such a name, and `scan` stopped with "out of memory" (exit
+ * 4) on a folder that held one. */
+static void test_shard_name_not_utf8(void **s)
+{
+    (void)s;
+    char *dir = make_tmpdir();
+    fp4d_ckpt_gen_params p;
+    fp4d_ckpt_gen_defaults(&p, FP4D_CKPT_MODELOPT_NVFP4);
+    assert_int_equal(fp4d_ckpt_generate(dir, &p), FP4D_STATUS_OK);
+    char from[4096], to[4096];
+    snprintf(from, sizeof from, "%s/model.safetensors.index.json", dir);
+    assert_int_equal(unlink(from), 0); /* no index: every *.safetensors in the folder */
+    snprintf(from, sizeof from, "%s/model-00002-of-00002.safetensors", dir);
+    snprintf(to, sizeof to, "%s/model-\xe9.safetensors", dir);
+    assert_int_equal(rename(from, to), 0);
+    fp4d_scan_report *r = scan(dir, false);
+    assert_findings(r, NULL, 0);
+    char *json = NULL;
+    assert_int_equal(fp4d_scan_report_json(r, &json), FP4D_STATUS_OK);
+    assert_non_null(strstr(json, "\"files\": 2")); /* both shards scanned */
+    free(json);
+    fp4d_scan_report_free(r);
+    rm_tree(dir);
+}
+
 static void test_shard_not_in_index(void **s)
 {
     (void)s;
@@ -725,6 +751,7 @@ int main(void)
         cmocka_unit_test(test_index),
         cmocka_unit_test(test_missing_and_truncated_shards),
         cmocka_unit_test(test_shard_not_in_index),
+        cmocka_unit_test(test_shard_name_not_utf8),
         cmocka_unit_test(test_bad_headers),
         cmocka_unit_test(test_quant_config),
         cmocka_unit_test(test_generator_refuses_huge_sizes),

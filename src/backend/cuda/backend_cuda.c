@@ -42,9 +42,10 @@
 /* rows of one expert from which, on sm_90a, the weights are dequantized once into a bf16/f16
  * copy and the plain wgmma GEMM runs (FP4DOCTOR_CUDA_WG_DENSE_MIN_M; 0 = never) */
 #define FP4D_CUDA_WG_DENSE_MIN_M_DEFAULT 512
-/* rows one call may have: 65535 (the grid's y limit) 32-row tiles of the simt path
- * (fp4d_cuda_simt_gemm), the first path to reach its grid limit */
-#define CUDA_MAX_ROWS (INT64_C(65535) * 32)
+/* rows one call may have: 65535 (the grid's y limit) row tiles - 32 rows on the simt path
+ * (fp4d_cuda_simt_gemm), 128 on the tiled one (the first of the others to reach its limit) */
+#define CUDA_MAX_ROWS_SIMT (INT64_C(65535) * 32)
+#define CUDA_MAX_ROWS (INT64_C(65535) * 128)
 
 typedef struct cuda_ctx {
     int          device, sm_count, cc;
@@ -586,11 +587,13 @@ static bool cuda_supports(void *ctx, const fp4d_gemm_desc *d, fp4d_reason *why)
         fp4d_cuda_reason(why, "M and N above 2^31 are not supported");
         return false;
     }
-    /* Some paths put row tiles on the grid's y or z dimension (at most 65535 blocks): the
-     * simt path's 32-row tiles (f32 activations) reach it first. Refused here rather than
-     * failing at launch, which the doctor would count against the backend. */
-    if (d->m > CUDA_MAX_ROWS) {
-        fp4d_cuda_reason(why, "more than %lld rows per call (CUDA grid limit): split the call", (long long)CUDA_MAX_ROWS);
+    /* Row tiles sit on the grid's y or z dimension (at most 65535 blocks): 32-row tiles on the
+     * simt path (f32 activations, f16 with MXFP4 weights), 128 and more on the others. Refused
+     * here rather than failing at launch, which the doctor would count against the backend.
+     * For grouped problems m is the total (conservative: each expert runs on its own). */
+    const int64_t max_rows = dense_type(d->a_type, d->b_type) == FP4D_DTYPE_F32 ? CUDA_MAX_ROWS_SIMT : CUDA_MAX_ROWS;
+    if (d->m > max_rows) {
+        fp4d_cuda_reason(why, "more than %lld rows per call (CUDA grid limit): split the call", (long long)max_rows);
         return false;
     }
     return true;
