@@ -115,11 +115,19 @@ json_t *fp4d_env_to_json(void)
         json_object_set_new(gj, "sm_count", json_integer(g->sm_count));
         json_object_set_new(gj, "pci_bus_id", json_string(g->pci_bus_id));
         json_object_set_new(gj, "native_code", json_boolean(g->has_native_code));
+        json_object_set_new(gj, "ptx_jit", json_boolean(g->runs_from_ptx));
         json_array_append_new(gpus, gj);
-        if (!g->has_native_code) {
+        if (g->runs_from_ptx) {
             snprintf(buf, sizeof buf,
-                     "GPU %d (%s, sm_%d%d) has no native code in this build (built: %s): kernels "
-                     "JIT-compile from PTX or fail; rebuild with FP4D_CUDA_ARCHS including it",
+                     "GPU %d (%s, sm_%d%d) has no native code in this build (built: %s): the kernels "
+                     "JIT-compile from PTX at first use (cached by the driver afterwards) and run "
+                     "without the arch-specific paths; rebuild with FP4D_CUDA_ARCHS including it",
+                     g->index, g->name, g->cc_major, g->cc_minor, ci.built_archs);
+            json_array_append_new(warnings, json_string(buf));
+        } else if (!g->has_native_code) {
+            snprintf(buf, sizeof buf,
+                     "GPU %d (%s, sm_%d%d) has no code in this build (built: %s): the cuda and "
+                     "cublas-bf16 backends are UNSUPPORTED there; rebuild with FP4D_CUDA_ARCHS including it",
                      g->index, g->name, g->cc_major, g->cc_minor, ci.built_archs[0] ? ci.built_archs : "none");
             json_array_append_new(warnings, json_string(buf));
         }
@@ -184,7 +192,9 @@ fp4d_status fp4d_env_write_text(FILE *f)
                 jstr(v, "compute_capability"),
                 (double)json_integer_value(json_object_get(v, "memory_bytes")) / (1024.0 * 1024.0 * 1024.0),
                 (long long)json_integer_value(json_object_get(v, "sm_count")), jstr(v, "pci_bus_id"),
-                json_is_true(json_object_get(v, "native_code")) ? "yes" : "NO");
+                json_is_true(json_object_get(v, "native_code")) ? "yes"
+                : json_is_true(json_object_get(v, "ptx_jit"))   ? "no (PTX, JIT-compiled)"
+                                                                : "NO");
     }
     json_array_foreach(json_object_get(j, "warnings"), i, v) fprintf(f, "warning: %s\n", json_string_value(v));
     json_decref(j);

@@ -10,6 +10,7 @@
 #include <cublasLt.h>
 #include <cuda_runtime_api.h>
 
+#include "backend/arch_list.h"
 #include "backend/gpu_info.h"
 #include "cuda_internal.h"
 
@@ -23,51 +24,12 @@ static int fp4d_cudnn_runtime_version(void) { return 0; }
 static fp4d_cuda_info cached;
 static pthread_once_t cached_once = PTHREAD_ONCE_INIT;
 
-/* "80-real,90a-real,120a-virtual" -> "sm_80,sm_90a,compute_120a" */
-static void describe_archs(const char *cmake_list, char *out, size_t cap)
-{
-    out[0] = '\0';
-    char buf[256];
-    snprintf(buf, sizeof buf, "%s", cmake_list);
-    size_t used = 0;
-    for (char *save = NULL, *tok = strtok_r(buf, ",;", &save); tok; tok = strtok_r(NULL, ",;", &save)) {
-        char arch[32];
-        snprintf(arch, sizeof arch, "%s", tok);
-        char *dash = strchr(arch, '-');
-        const char *prefix = "sm_";
-        if (dash) {
-            if (!strcmp(dash + 1, "virtual")) prefix = "compute_";
-            *dash = '\0';
-        }
-        int w = snprintf(out + used, cap - used, "%s%s%s", used ? "," : "", prefix, arch);
-        if (w < 0 || (size_t)w >= cap - used) break;
-        used += (size_t)w;
-    }
-}
-
-/* SASS runs natively on the GPU it was built for and, for plain (not "a"-suffixed)
- * targets, on later minor versions of the same major (sm_80 code on an sm_86 GPU). */
-static bool has_sass_for(const char *archs, int major, int minor)
-{
-    char buf[128];
-    snprintf(buf, sizeof buf, "%.127s", archs);
-    for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
-        if (strncmp(tok, "sm_", 3) != 0) continue;
-        int v = 0, n = 0;
-        if (sscanf(tok + 3, "%d%n", &v, &n) != 1) continue;
-        const bool arch_specific = tok[3 + n] != '\0';
-        if (v == major * 10 + minor) return true;
-        if (!arch_specific && v / 10 == major && v % 10 <= minor) return true;
-    }
-    return false;
-}
-
 static void query_once(void)
 {
     fp4d_cuda_info *out = &cached;
     memset(out, 0, sizeof *out);
     out->built_with_cuda = true;
-    describe_archs(FP4D_CUDA_ARCHS_BUILT, out->built_archs, sizeof out->built_archs);
+    fp4d_arch_list_describe(FP4D_CUDA_ARCHS_BUILT, out->built_archs, sizeof out->built_archs);
     cudaDriverGetVersion(&out->driver_version);
     cudaRuntimeGetVersion(&out->runtime_version);
     out->cublaslt_version = (int)cublasLtGetVersion();
@@ -105,11 +67,13 @@ static void query_once(void)
             (void)cudaGetLastError();
             g->pci_bus_id[0] = '\0';
         }
-        /* Native code = this build carries SASS for this exact architecture, not PTX the
+        /* Native code = this build carries SASS this architecture runs, not PTX the
          * driver would compile at load time. From the build's list, not by asking the runtime
          * which image it loads (cudaFuncGetAttributes): that creates a context on every GPU
          * (fp4d_cuda_query). The backends' init asks the runtime, in their own process. */
-        g->has_native_code = has_sass_for(out->built_archs, p.major, p.minor);
+        const fp4d_arch_code code = fp4d_arch_list_code_for(out->built_archs, p.major, p.minor);
+        g->has_native_code = code == FP4D_ARCH_CODE_NATIVE;
+        g->runs_from_ptx = code == FP4D_ARCH_CODE_PTX;
     }
 }
 

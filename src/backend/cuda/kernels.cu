@@ -45,6 +45,7 @@
 #include <cudaTypedefs.h>
 #include <cuda_runtime.h>
 #include <float.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -182,6 +183,16 @@ __global__ void fill_random_kernel(uint8_t *p, size_t bytes, uint32_t seed)
 }
 
 __global__ void probe_kernel(int *p) { if (p) *p = 1; }
+
+/* 1 in the image compiled with sm_90a's features (wgmma), 0 in every other. The loaded image
+ * is not told apart by cudaFuncGetAttributes: compute_90 PTX JIT-compiled on a 9.0 GPU
+ * (CUDA_FORCE_PTX_JIT=1, or a build without 90a-real) also reports binaryVersion 90, and its
+ * wgmma kernels only trap. */
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+__device__ const int image_has_wgmma = 1;
+#else
+__device__ const int image_has_wgmma = 0;
+#endif
 
 /* fp4d_cuda_hold_stream: one thread polls the global timer (ns) until `ns` have passed, asleep
  * between reads so that it takes next to no issue slots of its SM */
@@ -3635,7 +3646,7 @@ static cudaError_t launch_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, 
     return launch_pdl_clusters(kernel, grid, block, smem, s, 1u, true, args...);
 }
 
-/* The wgmma kernel runs on compute capability 9.0 when its sm_90a code is in the binary;
+/* The wgmma kernel runs on compute capability 9.0 when its sm_90a code is the image loaded;
  * FP4DOCTOR_CUDA_WGMMA=0 keeps the mma.sync fused kernel (A/B timing). */
 static bool wg_active(void)
 {
@@ -3652,6 +3663,8 @@ static bool wg_active(void)
                   cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) == cudaSuccess &&
                   major == 9 && minor == 0 && optin >= WG_SMEM &&
                   cudaFuncGetAttributes(&attr, wg_kernel<false, false>) == cudaSuccess && attr.binaryVersion == 90;
+        int has_wgmma = 0;
+        ok = ok && cudaMemcpyFromSymbol(&has_wgmma, image_has_wgmma, sizeof has_wgmma) == cudaSuccess && has_wgmma == 1;
         if (!ok) (void)cudaGetLastError();
         cached[dev] = ok ? 1 : -1;
     }
@@ -3707,20 +3720,23 @@ extern "C" int32_t fp4d_cuda_fused_splits(int64_t m, int64_t n, int64_t k, int s
 extern "C" int fp4d_cuda_dense_wgmma_available(void) { return wg_active() ? 1 : 0; }
 
 /* The driver's tensor-map encoder, through the runtime (no link against libcuda). */
+static PFN_cuTensorMapEncodeTiled_v12000 lookup_tensor_map_encoder(void)
+{
+    void *ptr = NULL;
+    cudaDriverEntryPointQueryResult q;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &ptr, 12000, cudaEnableDefault, &q) == cudaSuccess &&
+        q == cudaDriverEntryPointSuccess)
+        return (PFN_cuTensorMapEncodeTiled_v12000)ptr;
+    (void)cudaGetLastError();
+    return NULL;
+}
+
 static PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder(void)
 {
-    static PFN_cuTensorMapEncodeTiled_v12000 fn = NULL;
-    static bool tried = false;
-    if (!tried) {
-        tried = true;
-        void *ptr = NULL;
-        cudaDriverEntryPointQueryResult q;
-        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &ptr, 12000, cudaEnableDefault, &q) == cudaSuccess &&
-            q == cudaDriverEntryPointSuccess)
-            fn = (PFN_cuTensorMapEncodeTiled_v12000)ptr;
-        else
-            (void)cudaGetLastError();
-    }
+    /* A function-local static is initialised once, and other threads wait for it. (A flag set
+     * before the lookup let a second thread see "tried" with no encoder yet, and fall back to
+     * the slower paths for that call.) */
+    static const PFN_cuTensorMapEncodeTiled_v12000 fn = lookup_tensor_map_encoder();
     return fn;
 }
 
@@ -4427,13 +4443,22 @@ static bool cluster_launch_fits(const void *kernel, dim3 grid, int threads, size
     struct fit { const void *kernel; int dev, threads, cluster_y; size_t smem; int64_t blocks; bool ok; };
     static fit table[64];
     static int used;
+    /* Threads that launch at once (one backend context per GPU, each in its own thread) share
+     * the table: two writers of one slot could leave an entry made of both, and a launch in
+     * clusters that do not fit. The lock is uncontended in a single-threaded process. */
+    static pthread_mutex_t table_lock = PTHREAD_MUTEX_INITIALIZER;
     const int dev = cached_device_index();
     const int64_t blocks = (int64_t)grid.x * grid.y * grid.z, sms = current_sm_count();
     if (dev < 0 || sms <= 0 || grid.y % (unsigned)cluster_y != 0) return false;
+    pthread_mutex_lock(&table_lock);
     for (int i = 0; i < used; i++)
         if (table[i].kernel == kernel && table[i].dev == dev && table[i].threads == threads &&
-            table[i].cluster_y == cluster_y && table[i].smem == smem && table[i].blocks == blocks)
-            return table[i].ok;
+            table[i].cluster_y == cluster_y && table[i].smem == smem && table[i].blocks == blocks) {
+            const bool known = table[i].ok;
+            pthread_mutex_unlock(&table_lock);
+            return known;
+        }
+    pthread_mutex_unlock(&table_lock);
     int per_sm = 0, clusters = 0;
     bool ok = (cluster_y <= 8 ||
                cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess) &&
@@ -4456,10 +4481,9 @@ static bool cluster_launch_fits(const void *kernel, dim3 grid, int threads, size
         ok = cluster_waves <= plain_waves;
     }
     if (!ok) (void)cudaGetLastError();
-    if (used < 64) {
-        table[used] = fit{kernel, dev, threads, cluster_y, smem, blocks, ok};
-        used++; /* after the entry: a racing reader sees a whole entry or none (at worst it asks again) */
-    }
+    pthread_mutex_lock(&table_lock);
+    if (used < 64) table[used++] = fit{kernel, dev, threads, cluster_y, smem, blocks, ok}; /* a twin entry is harmless */
+    pthread_mutex_unlock(&table_lock);
     return ok;
 }
 

@@ -1,0 +1,28 @@
+/*
+ * Internal: what a build's list of CUDA architectures can run. Pure string logic, built
+ * with or without CUDA, so that the rules are tested on machines without a GPU.
+ */
+#ifndef FP4D_ARCH_LIST_H
+#define FP4D_ARCH_LIST_H
+
+#include <stddef.h>
+
+/* CMake's list "80-real;90a-real;90-virtual" (or comma-separated) as
+ * "sm_80,sm_90a,compute_90": SASS as sm_, PTX as compute_. Entries without -real/-virtual
+ * give both, as CMake builds them. Truncated to whole entries when out is too small. */
+void fp4d_arch_list_describe(const char *cmake_list, char *out, size_t cap);
+
+typedef enum fp4d_arch_code {
+    FP4D_ARCH_CODE_NONE = 0, /* nothing in the build runs there: kernel launches fail */
+    FP4D_ARCH_CODE_PTX,      /* only PTX the driver JIT-compiles when the module is first used */
+    FP4D_ARCH_CODE_NATIVE    /* SASS the GPU runs as built */
+} fp4d_arch_code;
+
+/* What the described list ("sm_80,sm_90a,compute_90") offers a GPU of compute capability
+ * major.minor. SASS: a plain sm_XY runs on XY and later minors of the same major, sm_XYf on
+ * the same family (later minors of the same major), sm_XYa only on XY. PTX: a plain
+ * compute_XY JIT-compiles for any XY or newer, compute_XYf within the family, compute_XYa
+ * only for XY. */
+fp4d_arch_code fp4d_arch_list_code_for(const char *described, int major, int minor);
+
+#endif
