@@ -46,4 +46,17 @@ void fp4d_cuda_query(fp4d_cuda_info *out);
  * False without CUDA. */
 bool fp4d_cuda_context_lost(int device, char *why, size_t size);
 
+/* The calling thread's current CUDA context. A GPU backend selects its device on every call
+ * (cudaSetDevice), which makes that device's primary context current in the caller's thread;
+ * the registry saves the caller's context before such a call and makes it current again
+ * after, so that a program that uses CUDA itself finds its thread as it left it (its device,
+ * or its own context, or none). `known` is false without CUDA or a driver: nothing to restore. */
+typedef struct fp4d_cuda_thread_context {
+    void *ctx;
+    bool  known;
+} fp4d_cuda_thread_context;
+
+void fp4d_cuda_thread_context_save(fp4d_cuda_thread_context *saved);
+void fp4d_cuda_thread_context_restore(const fp4d_cuda_thread_context *saved);
+
 #endif

@@ -15,6 +15,14 @@ bool fp4d_cuda_context_lost(int device, char *why, size_t size)
     (void)device, (void)why, (void)size;
     return false;
 }
+
+void fp4d_cuda_thread_context_save(fp4d_cuda_thread_context *saved)
+{
+    saved->ctx   = NULL;
+    saved->known = false;
+}
+
+void fp4d_cuda_thread_context_restore(const fp4d_cuda_thread_context *saved) { (void)saved; }
 #else
 /* The CUDA build provides fp4d_cuda_query in src/backend/cuda/gpu_info.c. */
 typedef int fp4d_gpu_info_none_unused;

@@ -20,6 +20,7 @@
 #include <sys/wait.h>
 
 #include "backend/backend_internal.h"
+#include "backend/gpu_info.h"
 #include "backend/verdict_cache.h"
 #include "fp4doctor/plugin.h"
 #include "fp4doctor/ref.h"
@@ -120,6 +121,20 @@ static fp4d_status backend_call_end(const error_saved *e, fp4d_status st, const 
         return fp4d_set_error(st, "backend %s: %s() failed: %s (the backend gave no reason)", backend, slot,
                               fp4d_status_str(st));
     return st;
+}
+
+/* Around every call into a GPU backend: the caller's current CUDA context back afterwards
+ * (gpu_info.h). Other kinds touch no CUDA, and the CUDA runtime is not even initialised for
+ * them (the doctor's parent must open no context). */
+static void device_call_begin(const fp4d_backend_iface *iface, fp4d_cuda_thread_context *t)
+{
+    if (iface->kind == FP4D_BACKEND_KIND_GPU) fp4d_cuda_thread_context_save(t);
+    else t->known = false;
+}
+
+static void device_call_end(const fp4d_cuda_thread_context *t)
+{
+    if (t->known) fp4d_cuda_thread_context_restore(t);
 }
 
 static bool name_is_valid(const char *name)
@@ -579,9 +594,12 @@ fp4d_status fp4d_backend_open(const char *name, int device, fp4d_backend_t *out,
     local.text[0] = '\0';
     void       *ctx = NULL;
     error_saved saved;
+    fp4d_cuda_thread_context caller;
+    device_call_begin(iface, &caller);
     backend_call_begin(&saved);
     fp4d_status st = iface->init(iface->user_data, device, &ctx, &local);
     st             = backend_call_end(&saved, st, iface->name, "init");
+    device_call_end(&caller);
     local.text[FP4D_REASON_MAX - 1] = '\0';
     fp4d_text_clean(local.text); /* a plugin's words go to terminals, JSON and XML */
     if (st != FP4D_STATUS_OK) {
@@ -591,7 +609,9 @@ fp4d_status fp4d_backend_open(const char *name, int device, fp4d_backend_t *out,
     }
     fp4d_backend_t b = malloc(sizeof *b);
     if (!b) {
+        device_call_begin(iface, &caller);
         iface->free(ctx);
+        device_call_end(&caller);
         reason_set(why, "out of memory");
         return fp4d_set_error(FP4D_STATUS_NOMEM, "out of memory");
     }
@@ -606,8 +626,11 @@ void fp4d_backend_close(fp4d_backend_t b)
 {
     if (!b) return;
     error_saved saved;
+    fp4d_cuda_thread_context caller;
     error_save(&saved);
+    device_call_begin(b->iface, &caller);
     b->iface->free(b->ctx);
+    device_call_end(&caller);
     error_restore(&saved);
     free(b);
 }
@@ -627,8 +650,11 @@ bool fp4d_backend_supports(fp4d_backend_t b, const fp4d_gemm_desc *desc, fp4d_re
     fp4d_reason local;
     local.text[0] = '\0';
     error_saved saved;
+    fp4d_cuda_thread_context caller;
     error_save(&saved); /* "no" is an answer, not a failure: nothing to report */
+    device_call_begin(b->iface, &caller);
     bool ok = b->iface->supports(b->ctx, desc, &local);
+    device_call_end(&caller);
     error_restore(&saved);
     local.text[FP4D_REASON_MAX - 1] = '\0';
     fp4d_text_clean(local.text);
@@ -653,8 +679,11 @@ fp4d_status fp4d_backend_gemm(fp4d_backend_t b, const fp4d_gemm_problem *p, fp4d
         return fp4d_set_error(FP4D_STATUS_UNSUPPORTED, "%s: %s", b->iface->name, local.text);
     }
     error_saved saved;
+    fp4d_cuda_thread_context caller;
+    device_call_begin(b->iface, &caller);
     backend_call_begin(&saved);
     st = backend_call_end(&saved, b->iface->gemm(b->ctx, p), b->iface->name, "gemm");
+    device_call_end(&caller);
     if (st != FP4D_STATUS_OK) reason_set(why, "%s", fp4d_last_error());
     return st;
 }
@@ -675,8 +704,11 @@ fp4d_status fp4d_backend_grouped_gemm(fp4d_backend_t b, const fp4d_grouped_gemm_
         return fp4d_set_error(FP4D_STATUS_UNSUPPORTED, "%s: %s", b->iface->name, local.text);
     }
     error_saved saved;
+    fp4d_cuda_thread_context caller;
+    device_call_begin(b->iface, &caller);
     backend_call_begin(&saved);
     st = backend_call_end(&saved, b->iface->grouped_gemm(b->ctx, p), b->iface->name, "grouped_gemm");
+    device_call_end(&caller);
     if (st != FP4D_STATUS_OK) reason_set(why, "%s", fp4d_last_error());
     return st;
 }
@@ -693,8 +725,11 @@ fp4d_status fp4d_backend_quantize(fp4d_backend_t b, fp4d_quantize_problem *q, fp
     fp4d_status st = fp4d_quantize_check(&q->params, q->src_type, q->src, q->rows, q->cols, q->codes, q->scales);
     if (st == FP4D_STATUS_OK) {
         error_saved saved;
+        fp4d_cuda_thread_context caller;
+        device_call_begin(b->iface, &caller);
         backend_call_begin(&saved);
         st = backend_call_end(&saved, b->iface->quantize(b->ctx, q), b->iface->name, "quantize");
+        device_call_end(&caller);
     }
     if (st != FP4D_STATUS_OK) reason_set(why, "%s", fp4d_last_error());
     return st;

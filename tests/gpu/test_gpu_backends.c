@@ -1533,6 +1533,55 @@ static void test_wgmma_follows_loaded_image(void **state)
 #endif
 }
 
+/* A program that uses CUDA itself finds its thread as it left it after calls into a GPU
+ * backend, which selects its device (cudaSetDevice) and so makes that device's primary context
+ * current: a thread with no context gets none left behind, and a program's own context (made
+ * with the driver API here) is current again after open, gemm and close. */
+static void test_caller_context_kept(void **state)
+{
+    (void)state;
+#ifdef FP4D_TEST_CUDA_KERNELS
+    fp4d_cuda_info ci;
+    fp4d_cuda_query(&ci);
+    if (ci.device_count == 0) skip();
+    void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    assert_non_null(lib);
+    int (*cu_init)(unsigned) = (int (*)(unsigned))dlsym(lib, "cuInit");
+    int (*cu_device_get)(int *, int) = (int (*)(int *, int))dlsym(lib, "cuDeviceGet");
+    /* the CUDA 12 signature, which CUDA 13 drivers still export under this name */
+    int (*cu_ctx_create)(void **, unsigned, int) = (int (*)(void **, unsigned, int))dlsym(lib, "cuCtxCreate_v2");
+    int (*cu_ctx_destroy)(void *) = (int (*)(void *))dlsym(lib, "cuCtxDestroy_v2");
+    int (*cu_ctx_get)(void **) = (int (*)(void **))dlsym(lib, "cuCtxGetCurrent");
+    int (*cu_ctx_set)(void *) = (int (*)(void *))dlsym(lib, "cuCtxSetCurrent");
+    assert_true(cu_init && cu_device_get && cu_ctx_create && cu_ctx_destroy && cu_ctx_get && cu_ctx_set);
+    assert_int_equal(cu_init(0), 0);
+    int dev = -1;
+    assert_int_equal(cu_device_get(&dev, 0), 0);
+
+    void *now = (void *)1;
+    assert_int_equal(cu_ctx_set(NULL), 0);
+    fp4d_backend_t b = open_or_skip("cuda");
+    if (!b) skip();
+    assert_int_equal(cu_ctx_get(&now), 0);
+    assert_null(now); /* before: GPU 0's primary context */
+
+    void *mine = NULL;
+    assert_int_equal(cu_ctx_create(&mine, 0, dev), 0); /* current from here */
+    assert_int_equal(run_case(b, FP4D_DTYPE_BF16, FP4D_DTYPE_NVFP4, FP4D_LAYOUT_LINEAR, FP4D_LAYOUT_LINEAR,
+                              FP4D_DTYPE_F32, 3, 64, 256), 0);
+    assert_int_equal(cu_ctx_get(&now), 0);
+    assert_ptr_equal(now, mine);
+    fp4d_backend_close(b);
+    assert_int_equal(cu_ctx_get(&now), 0);
+    assert_ptr_equal(now, mine);
+    assert_int_equal(cu_ctx_set(NULL), 0);
+    assert_int_equal(cu_ctx_destroy(mine), 0);
+    dlclose(lib);
+#else
+    skip();
+#endif
+}
+
 static void test_cublaslt(void **state) { (void)state; native_backend("cublaslt"); }
 static void test_cudnn(void **state) { (void)state; native_backend("cudnn"); }
 
@@ -1550,6 +1599,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_query_opens_no_context), /* first: nothing has touched the GPU yet */
         cmocka_unit_test(test_cuda_context_lost),
         cmocka_unit_test(test_wgmma_follows_loaded_image),
+        cmocka_unit_test(test_caller_context_kept),
         cmocka_unit_test(test_cuda_gemm_sweep),
         cmocka_unit_test(test_cuda_deterministic_split_k),
         cmocka_unit_test(test_cuda_gemv),

@@ -94,3 +94,41 @@ bool fp4d_cuda_context_lost(int device, char *why, size_t size)
     snprintf(why, size, "the CUDA context is lost: %s (%s)", cudaGetErrorString(e), cudaGetErrorName(e));
     return true;
 }
+
+/* ---- the caller's current context (gpu_info.h) ----------------------------------------- */
+
+/* cuCtxGetCurrent / cuCtxSetCurrent through the runtime's driver entry points: fp4doctor
+ * does not link libcuda, so that it starts on machines without a driver. */
+typedef int (*ctx_get_fn)(void **ctx);
+typedef int (*ctx_set_fn)(void *ctx);
+static ctx_get_fn      ctx_get;
+static ctx_set_fn      ctx_set;
+static pthread_once_t  ctx_fns_once = PTHREAD_ONCE_INIT;
+
+static void find_ctx_fns(void)
+{
+    void *get = NULL, *set = NULL;
+    enum cudaDriverEntryPointQueryResult qg, qs;
+    if (cudaGetDriverEntryPointByVersion("cuCtxGetCurrent", &get, 4000, cudaEnableDefault, &qg) == cudaSuccess &&
+        qg == cudaDriverEntryPointSuccess &&
+        cudaGetDriverEntryPointByVersion("cuCtxSetCurrent", &set, 4000, cudaEnableDefault, &qs) == cudaSuccess &&
+        qs == cudaDriverEntryPointSuccess) {
+        ctx_get = (ctx_get_fn)get;
+        ctx_set = (ctx_set_fn)set;
+    } else {
+        (void)cudaGetLastError(); /* no driver: nothing to save */
+    }
+}
+
+void fp4d_cuda_thread_context_save(fp4d_cuda_thread_context *saved)
+{
+    pthread_once(&ctx_fns_once, find_ctx_fns);
+    saved->ctx   = NULL;
+    saved->known = ctx_get && ctx_get(&saved->ctx) == 0;
+}
+
+void fp4d_cuda_thread_context_restore(const fp4d_cuda_thread_context *saved)
+{
+    void *now = NULL;
+    if (saved->known && ctx_get(&now) == 0 && now != saved->ctx) (void)ctx_set(saved->ctx);
+}
