@@ -1410,6 +1410,41 @@ static void test_cuda_hold_stream(void **state)
 #endif
 }
 
+#ifdef FP4D_TEST_CUDA_KERNELS
+/* The few driver-API calls the tests make, through dlopen: linked, libcuda would keep this
+ * file from starting on machines without a driver (CI), where its tests must skip. */
+typedef struct driver_api {
+    void *lib;
+    int (*init)(unsigned);
+    int (*device_get)(int *, int);
+    int (*primary_ctx_state)(int, unsigned *, int *);
+    int (*ctx_create)(void **, unsigned, int); /* the CUDA 12 signature, still exported by CUDA 13 drivers */
+    int (*ctx_destroy)(void *);
+    int (*ctx_get)(void **);
+    int (*ctx_set)(void *);
+} driver_api;
+
+/* Skips the test (cmocka's skip() leaves from here too) when fp4d_cuda_query, the query that
+ * opens no context, finds no GPU. */
+static void driver_api_open(driver_api *d, fp4d_cuda_info *ci)
+{
+    fp4d_cuda_query(ci);
+    if (ci->device_count == 0) skip();
+    d->lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    assert_non_null(d->lib);
+    d->init              = (int (*)(unsigned))dlsym(d->lib, "cuInit");
+    d->device_get        = (int (*)(int *, int))dlsym(d->lib, "cuDeviceGet");
+    d->primary_ctx_state = (int (*)(int, unsigned *, int *))dlsym(d->lib, "cuDevicePrimaryCtxGetState");
+    d->ctx_create        = (int (*)(void **, unsigned, int))dlsym(d->lib, "cuCtxCreate_v2");
+    d->ctx_destroy       = (int (*)(void *))dlsym(d->lib, "cuCtxDestroy_v2");
+    d->ctx_get           = (int (*)(void **))dlsym(d->lib, "cuCtxGetCurrent");
+    d->ctx_set           = (int (*)(void *))dlsym(d->lib, "cuCtxSetCurrent");
+    assert_true(d->init && d->device_get && d->primary_ctx_state && d->ctx_create && d->ctx_destroy && d->ctx_get &&
+                d->ctx_set);
+    assert_int_equal(d->init(0), 0);
+}
+#endif
+
 /* The query `check`'s parent makes (fp4d_cuda_query) creates no CUDA context: one held by the
  * parent on every GPU kept its children from a GPU in EXCLUSIVE_PROCESS mode. Runs first, in a
  * process that has done nothing on the GPU yet but fp4d_registry_init. */
@@ -1418,27 +1453,18 @@ static void test_query_opens_no_context(void **state)
     (void)state;
 #ifdef FP4D_TEST_CUDA_KERNELS
     fp4d_cuda_info ci;
-    fp4d_cuda_query(&ci);
-    if (ci.device_count == 0) skip();
-    /* the driver API through dlopen: linked, libcuda would keep this test from starting on
-     * machines without a driver (CI), where it must skip */
-    void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-    assert_non_null(lib);
-    int (*cu_init)(unsigned) = (int (*)(unsigned))dlsym(lib, "cuInit");
-    int (*cu_device_get)(int *, int) = (int (*)(int *, int))dlsym(lib, "cuDeviceGet");
-    int (*cu_ctx_state)(int, unsigned *, int *) = (int (*)(int, unsigned *, int *))dlsym(lib, "cuDevicePrimaryCtxGetState");
-    assert_true(cu_init && cu_device_get && cu_ctx_state);
-    assert_int_equal(cu_init(0), 0);
+    driver_api cu;
+    driver_api_open(&cu, &ci);
     for (int d = 0; d < ci.device_count; d++) {
         int dev = -1, active = -1;
         unsigned flags = 0;
-        assert_int_equal(cu_device_get(&dev, d), 0);
-        assert_int_equal(cu_ctx_state(dev, &flags, &active), 0);
+        assert_int_equal(cu.device_get(&dev, d), 0);
+        assert_int_equal(cu.primary_ctx_state(dev, &flags, &active), 0);
         fprintf(stderr, "  GPU %d (%s): primary context %s after the query\n", d, ci.gpus[d].name,
                 active ? "ACTIVE" : "inactive");
         assert_int_equal(active, 0);
     }
-    dlclose(lib);
+    dlclose(cu.lib);
 #else
     skip();
 #endif
@@ -1542,41 +1568,30 @@ static void test_caller_context_kept(void **state)
     (void)state;
 #ifdef FP4D_TEST_CUDA_KERNELS
     fp4d_cuda_info ci;
-    fp4d_cuda_query(&ci);
-    if (ci.device_count == 0) skip();
-    void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-    assert_non_null(lib);
-    int (*cu_init)(unsigned) = (int (*)(unsigned))dlsym(lib, "cuInit");
-    int (*cu_device_get)(int *, int) = (int (*)(int *, int))dlsym(lib, "cuDeviceGet");
-    /* the CUDA 12 signature, which CUDA 13 drivers still export under this name */
-    int (*cu_ctx_create)(void **, unsigned, int) = (int (*)(void **, unsigned, int))dlsym(lib, "cuCtxCreate_v2");
-    int (*cu_ctx_destroy)(void *) = (int (*)(void *))dlsym(lib, "cuCtxDestroy_v2");
-    int (*cu_ctx_get)(void **) = (int (*)(void **))dlsym(lib, "cuCtxGetCurrent");
-    int (*cu_ctx_set)(void *) = (int (*)(void *))dlsym(lib, "cuCtxSetCurrent");
-    assert_true(cu_init && cu_device_get && cu_ctx_create && cu_ctx_destroy && cu_ctx_get && cu_ctx_set);
-    assert_int_equal(cu_init(0), 0);
+    driver_api cu;
+    driver_api_open(&cu, &ci);
     int dev = -1;
-    assert_int_equal(cu_device_get(&dev, 0), 0);
+    assert_int_equal(cu.device_get(&dev, 0), 0);
 
     void *now = (void *)1;
-    assert_int_equal(cu_ctx_set(NULL), 0);
+    assert_int_equal(cu.ctx_set(NULL), 0);
     fp4d_backend_t b = open_or_skip("cuda");
     if (!b) skip();
-    assert_int_equal(cu_ctx_get(&now), 0);
+    assert_int_equal(cu.ctx_get(&now), 0);
     assert_null(now); /* before: GPU 0's primary context */
 
     void *mine = NULL;
-    assert_int_equal(cu_ctx_create(&mine, 0, dev), 0); /* current from here */
+    assert_int_equal(cu.ctx_create(&mine, 0, dev), 0); /* current from here */
     assert_int_equal(run_case(b, FP4D_DTYPE_BF16, FP4D_DTYPE_NVFP4, FP4D_LAYOUT_LINEAR, FP4D_LAYOUT_LINEAR,
                               FP4D_DTYPE_F32, 3, 64, 256), 0);
-    assert_int_equal(cu_ctx_get(&now), 0);
+    assert_int_equal(cu.ctx_get(&now), 0);
     assert_ptr_equal(now, mine);
     fp4d_backend_close(b);
-    assert_int_equal(cu_ctx_get(&now), 0);
+    assert_int_equal(cu.ctx_get(&now), 0);
     assert_ptr_equal(now, mine);
-    assert_int_equal(cu_ctx_set(NULL), 0);
-    assert_int_equal(cu_ctx_destroy(mine), 0);
-    dlclose(lib);
+    assert_int_equal(cu.ctx_set(NULL), 0);
+    assert_int_equal(cu.ctx_destroy(mine), 0);
+    dlclose(cu.lib);
 #else
     skip();
 #endif
