@@ -21,11 +21,12 @@ typedef struct fp4d_gpu_info {
     char   pci_bus_id[32];
     bool   has_native_code;  /* this build carries SASS for its architecture */
     bool   runs_from_ptx;    /* no SASS, but PTX the driver JIT-compiles for it at first use */
+    bool   code_unknown;     /* neither, but the build's list holds CMake's "native" or "all" */
 } fp4d_gpu_info;
 
 typedef struct fp4d_cuda_info {
     bool built_with_cuda;      /* the CUDA backends are compiled in */
-    char built_archs[128];     /* e.g. "sm_80,sm_90a,sm_100a,sm_120a,compute_90" */
+    char built_archs[256];     /* e.g. "sm_80,sm_90a,sm_100a,sm_120a,compute_90" */
     int  driver_version;       /* cudaDriverGetVersion, e.g. 13000; 0 = no driver */
     int  runtime_version;      /* cudaRuntimeGetVersion */
     int  cublaslt_version;     /* cublasLtGetVersion; 0 if unknown */

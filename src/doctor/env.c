@@ -59,7 +59,7 @@ static void cublaslt_version_str(int v, char *out, size_t size)
 json_t *fp4d_env_to_json(void)
 {
     json_t *j = json_object();
-    char buf[768];
+    char buf[1024];
     json_object_set_new(j, "fp4doctor_version", json_string(fp4d_version_string()));
     struct utsname u;
     if (uname(&u) == 0) {
@@ -118,10 +118,21 @@ json_t *fp4d_env_to_json(void)
         json_object_set_new(gj, "ptx_jit", json_boolean(g->runs_from_ptx));
         json_array_append_new(gpus, gj);
         if (g->runs_from_ptx) {
+            char older[160] = "";
+            if (ci.driver_version > 0 && ci.driver_version < ci.runtime_version)
+                snprintf(older, sizeof older, " (the driver, %d.%d, is older than the toolkit that wrote the PTX, %d.%d: "
+                         "it may refuse to compile it)", ci.driver_version / 1000, ci.driver_version % 1000 / 10,
+                         ci.runtime_version / 1000, ci.runtime_version % 1000 / 10);
             snprintf(buf, sizeof buf,
                      "GPU %d (%s, sm_%d%d) has no native code in this build (built: %s): the kernels "
-                     "JIT-compile from PTX at first use (cached by the driver afterwards) and run "
+                     "JIT-compile from PTX at first use%s, cached by the driver afterwards, and run "
                      "without the arch-specific paths; rebuild with FP4D_CUDA_ARCHS including it",
+                     g->index, g->name, g->cc_major, g->cc_minor, ci.built_archs, older);
+            json_array_append_new(warnings, json_string(buf));
+        } else if (g->code_unknown) {
+            snprintf(buf, sizeof buf,
+                     "GPU %d (%s, sm_%d%d): whether this build has code for it cannot be read from its "
+                     "architectures (built: %s); `fp4doctor check` shows whether the GPU backends run",
                      g->index, g->name, g->cc_major, g->cc_minor, ci.built_archs);
             json_array_append_new(warnings, json_string(buf));
         } else if (!g->has_native_code) {

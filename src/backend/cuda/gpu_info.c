@@ -70,10 +70,12 @@ static void query_once(void)
         /* Native code = this build carries SASS this architecture runs, not PTX the
          * driver would compile at load time. From the build's list, not by asking the runtime
          * which image it loads (cudaFuncGetAttributes): that creates a context on every GPU
-         * (fp4d_cuda_query). The backends' init asks the runtime, in their own process. */
-        const fp4d_arch_code code = fp4d_arch_list_code_for(out->built_archs, p.major, p.minor);
+         * (fp4d_cuda_query). The backends' init asks the runtime, in their own process. From
+         * the build's own list, not built_archs, which may be cut short for display. */
+        const fp4d_arch_code code = fp4d_arch_list_code_for(FP4D_CUDA_ARCHS_BUILT, p.major, p.minor, p.integrated != 0);
         g->has_native_code = code == FP4D_ARCH_CODE_NATIVE;
         g->runs_from_ptx = code == FP4D_ARCH_CODE_PTX;
+        g->code_unknown = code == FP4D_ARCH_CODE_UNKNOWN;
     }
 }
 
