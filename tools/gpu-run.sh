@@ -31,6 +31,9 @@ if has env; then
 fi
 if has test; then
     "$B/test_gpu_backends" > "$O/test.txt" 2>&1; echo "test_gpu_backends rc=$?" | tee -a "$O/test.txt"
+    # the build's PTX instead of its SASS, as on a GPU without native code here (ctest gpu_backends_ptx_jit)
+    CUDA_FORCE_PTX_JIT=1 FP4D_GPU_TEST_FILTER=test_wgmma_follows_loaded_image "$B/test_gpu_backends" >> "$O/test.txt" 2>&1
+    echo "test_gpu_backends under CUDA_FORCE_PTX_JIT=1 rc=$?" | tee -a "$O/test.txt"
     grep -E "cases|UNSUPPORTED|FAILED|PASSED|SKIPPED|out\[" "$O/test.txt" | head -40
 fi
 if has sanitize; then
