@@ -98,19 +98,41 @@ static void error_restore(const error_saved *e) { (void)fp4d_set_error(FP4D_STAT
  * libfp4doctor), and a built-in backend whose worker thread failed set it in that thread:
  * without this the caller read a stale message from some earlier failure. A status that
  * is no fp4d_status (a plugin's -1) becomes INTERNAL, so that callers can switch on it.
+ * Around a GPU backend it also gives the caller's current CUDA context back afterwards
+ * (gpu_info.h); other kinds touch no CUDA, and the CUDA runtime is not even initialised for
+ * them (the doctor's parent must open no context).
  */
-static void backend_call_begin(error_saved *e)
+typedef struct backend_call {
+    const fp4d_backend_iface *iface;
+    error_saved               errors;
+    fp4d_cuda_thread_context  caller;
+} backend_call;
+
+static void backend_call_begin(backend_call *c, const fp4d_backend_iface *iface)
 {
-    error_save(e);
+    c->iface = iface;
+    if (iface->kind == FP4D_BACKEND_KIND_GPU) fp4d_cuda_thread_context_save(&c->caller);
+    else c->caller.known = false;
+    error_save(&c->errors);
     fp4d_clear_error();
 }
 
-static fp4d_status backend_call_end(const error_saved *e, fp4d_status st, const char *backend, const char *slot)
+/* For slots whose outcome is no failure to report (free, supports): the caller's last error
+ * as it was. */
+static void backend_call_end_quietly(const backend_call *c)
 {
+    if (c->caller.known) fp4d_cuda_thread_context_restore(&c->caller);
+    error_restore(&c->errors);
+}
+
+static fp4d_status backend_call_end(const backend_call *c, fp4d_status st, const char *slot)
+{
+    if (c->caller.known) fp4d_cuda_thread_context_restore(&c->caller);
     if (st == FP4D_STATUS_OK) {
-        error_restore(e);
+        error_restore(&c->errors);
         return st;
     }
+    const char *backend = c->iface->name;
     if ((unsigned)st >= FP4D_STATUS_COUNT_) {
         error_saved said; /* the buffer being written cannot also be an argument */
         error_save(&said);
@@ -121,20 +143,6 @@ static fp4d_status backend_call_end(const error_saved *e, fp4d_status st, const 
         return fp4d_set_error(st, "backend %s: %s() failed: %s (the backend gave no reason)", backend, slot,
                               fp4d_status_str(st));
     return st;
-}
-
-/* Around every call into a GPU backend: the caller's current CUDA context back afterwards
- * (gpu_info.h). Other kinds touch no CUDA, and the CUDA runtime is not even initialised for
- * them (the doctor's parent must open no context). */
-static void device_call_begin(const fp4d_backend_iface *iface, fp4d_cuda_thread_context *t)
-{
-    if (iface->kind == FP4D_BACKEND_KIND_GPU) fp4d_cuda_thread_context_save(t);
-    else t->known = false;
-}
-
-static void device_call_end(const fp4d_cuda_thread_context *t)
-{
-    if (t->known) fp4d_cuda_thread_context_restore(t);
 }
 
 static bool name_is_valid(const char *name)
@@ -593,13 +601,9 @@ fp4d_status fp4d_backend_open(const char *name, int device, fp4d_backend_t *out,
     fp4d_reason local;
     local.text[0] = '\0';
     void       *ctx = NULL;
-    error_saved saved;
-    fp4d_cuda_thread_context caller;
-    device_call_begin(iface, &caller);
-    backend_call_begin(&saved);
-    fp4d_status st = iface->init(iface->user_data, device, &ctx, &local);
-    st             = backend_call_end(&saved, st, iface->name, "init");
-    device_call_end(&caller);
+    backend_call call;
+    backend_call_begin(&call, iface);
+    fp4d_status st = backend_call_end(&call, iface->init(iface->user_data, device, &ctx, &local), "init");
     local.text[FP4D_REASON_MAX - 1] = '\0';
     fp4d_text_clean(local.text); /* a plugin's words go to terminals, JSON and XML */
     if (st != FP4D_STATUS_OK) {
@@ -609,9 +613,9 @@ fp4d_status fp4d_backend_open(const char *name, int device, fp4d_backend_t *out,
     }
     fp4d_backend_t b = malloc(sizeof *b);
     if (!b) {
-        device_call_begin(iface, &caller);
+        backend_call_begin(&call, iface);
         iface->free(ctx);
-        device_call_end(&caller);
+        backend_call_end_quietly(&call);
         reason_set(why, "out of memory");
         return fp4d_set_error(FP4D_STATUS_NOMEM, "out of memory");
     }
@@ -625,13 +629,10 @@ fp4d_status fp4d_backend_open(const char *name, int device, fp4d_backend_t *out,
 void fp4d_backend_close(fp4d_backend_t b)
 {
     if (!b) return;
-    error_saved saved;
-    fp4d_cuda_thread_context caller;
-    error_save(&saved);
-    device_call_begin(b->iface, &caller);
+    backend_call call;
+    backend_call_begin(&call, b->iface);
     b->iface->free(b->ctx);
-    device_call_end(&caller);
-    error_restore(&saved);
+    backend_call_end_quietly(&call);
     free(b);
 }
 
@@ -649,13 +650,10 @@ bool fp4d_backend_supports(fp4d_backend_t b, const fp4d_gemm_desc *desc, fp4d_re
     }
     fp4d_reason local;
     local.text[0] = '\0';
-    error_saved saved;
-    fp4d_cuda_thread_context caller;
-    error_save(&saved); /* "no" is an answer, not a failure: nothing to report */
-    device_call_begin(b->iface, &caller);
+    backend_call call;
+    backend_call_begin(&call, b->iface);
     bool ok = b->iface->supports(b->ctx, desc, &local);
-    device_call_end(&caller);
-    error_restore(&saved);
+    backend_call_end_quietly(&call); /* "no" is an answer, not a failure: nothing to report */
     local.text[FP4D_REASON_MAX - 1] = '\0';
     fp4d_text_clean(local.text);
     if (!ok && !local.text[0]) snprintf(local.text, sizeof local.text, "%s does not support this problem", b->iface->name);
@@ -678,12 +676,9 @@ fp4d_status fp4d_backend_gemm(fp4d_backend_t b, const fp4d_gemm_problem *p, fp4d
         if (why) *why = local;
         return fp4d_set_error(FP4D_STATUS_UNSUPPORTED, "%s: %s", b->iface->name, local.text);
     }
-    error_saved saved;
-    fp4d_cuda_thread_context caller;
-    device_call_begin(b->iface, &caller);
-    backend_call_begin(&saved);
-    st = backend_call_end(&saved, b->iface->gemm(b->ctx, p), b->iface->name, "gemm");
-    device_call_end(&caller);
+    backend_call call;
+    backend_call_begin(&call, b->iface);
+    st = backend_call_end(&call, b->iface->gemm(b->ctx, p), "gemm");
     if (st != FP4D_STATUS_OK) reason_set(why, "%s", fp4d_last_error());
     return st;
 }
@@ -703,12 +698,9 @@ fp4d_status fp4d_backend_grouped_gemm(fp4d_backend_t b, const fp4d_grouped_gemm_
         if (why) *why = local;
         return fp4d_set_error(FP4D_STATUS_UNSUPPORTED, "%s: %s", b->iface->name, local.text);
     }
-    error_saved saved;
-    fp4d_cuda_thread_context caller;
-    device_call_begin(b->iface, &caller);
-    backend_call_begin(&saved);
-    st = backend_call_end(&saved, b->iface->grouped_gemm(b->ctx, p), b->iface->name, "grouped_gemm");
-    device_call_end(&caller);
+    backend_call call;
+    backend_call_begin(&call, b->iface);
+    st = backend_call_end(&call, b->iface->grouped_gemm(b->ctx, p), "grouped_gemm");
     if (st != FP4D_STATUS_OK) reason_set(why, "%s", fp4d_last_error());
     return st;
 }
@@ -724,12 +716,9 @@ fp4d_status fp4d_backend_quantize(fp4d_backend_t b, fp4d_quantize_problem *q, fp
      * gemm() does (fp4d_gemm_validate) */
     fp4d_status st = fp4d_quantize_check(&q->params, q->src_type, q->src, q->rows, q->cols, q->codes, q->scales);
     if (st == FP4D_STATUS_OK) {
-        error_saved saved;
-        fp4d_cuda_thread_context caller;
-        device_call_begin(b->iface, &caller);
-        backend_call_begin(&saved);
-        st = backend_call_end(&saved, b->iface->quantize(b->ctx, q), b->iface->name, "quantize");
-        device_call_end(&caller);
+        backend_call call;
+        backend_call_begin(&call, b->iface);
+        st = backend_call_end(&call, b->iface->quantize(b->ctx, q), "quantize");
     }
     if (st != FP4D_STATUS_OK) reason_set(why, "%s", fp4d_last_error());
     return st;
