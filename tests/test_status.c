@@ -1,8 +1,12 @@
-/* Status codes and version: the numbers are a published contract. */
+/* Status codes and version (the numbers are a published contract), and the strict reading of
+ * switches from the environment. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <cmocka.h>
 
 #include "fp4doctor/fp4doctor.h"
@@ -25,6 +29,78 @@ static void test_env_digits_are_strict(void **state)
     assert_int_equal(fp4d_env_digits(" 1", 10), -1);
     assert_int_equal(fp4d_env_digits("-1", 10), -1);
     assert_int_equal(fp4d_env_digits("+1", 10), -1);
+}
+
+/* Reads `name` = `value` through fp4d_env_knob with stderr captured: the value, and what
+ * was printed (at most `cap` - 1 bytes) into `printed`. */
+static long knob_with_stderr(const char *name, const char *value, long lo, long hi, long fallback, char *printed,
+                             size_t cap)
+{
+    if (value) setenv(name, value, 1);
+    else unsetenv(name);
+    FILE *capture = tmpfile();
+    assert_non_null(capture);
+    fflush(stderr);
+    const int saved = dup(2);
+    assert_true(saved >= 0);
+    assert_int_equal(dup2(fileno(capture), 2), 2);
+    const long v = fp4d_env_knob(name, lo, hi, fallback);
+    fflush(stderr);
+    assert_int_equal(dup2(saved, 2), 2);
+    close(saved);
+    rewind(capture);
+    const size_t n = fread(printed, 1, cap - 1, capture);
+    printed[n] = '\0';
+    fclose(capture);
+    unsetenv(name);
+    return v;
+}
+
+/* Tuning switches (FP4DOCTOR_CUDA_*, FP4DOCTOR_THREADS, ...): digits within the range, or the
+ * fallback with one warning per variable. atoi() read FP4DOCTOR_CUDA_WA=off as 0, switching
+ * the stream kernel off without a word. */
+static void test_env_knobs_warn_once_and_fall_back(void **state)
+{
+    (void)state;
+    char out[512];
+    assert_int_equal(knob_with_stderr("FP4D_TEST_KNOB_A", NULL, 0, 1, 1, out, sizeof out), 1);
+    assert_string_equal(out, "");
+    assert_int_equal(knob_with_stderr("FP4D_TEST_KNOB_A", "", 0, 1, 1, out, sizeof out), 1);
+    assert_string_equal(out, "");
+    assert_int_equal(knob_with_stderr("FP4D_TEST_KNOB_A", "0", 0, 1, 1, out, sizeof out), 0);
+    assert_string_equal(out, "");
+    assert_int_equal(knob_with_stderr("FP4D_TEST_KNOB_A", "1", 0, 1, 1, out, sizeof out), 1);
+    assert_int_equal(knob_with_stderr("FP4D_TEST_KNOB_B", "4", 1, 16, 9, out, sizeof out), 4);
+    assert_string_equal(out, "");
+
+    /* "off" is not 0: the fallback, and a warning naming the variable, its text and the range */
+    assert_int_equal(knob_with_stderr("FP4D_TEST_KNOB_A", "off", 0, 1, 1, out, sizeof out), 1);
+    assert_non_null(strstr(out, "FP4D_TEST_KNOB_A=off"));
+    assert_non_null(strstr(out, "from 0 to 1"));
+    assert_non_null(strstr(out, "using 1"));
+    /* ... once per variable */
+    assert_int_equal(knob_with_stderr("FP4D_TEST_KNOB_A", "-1", 0, 1, 1, out, sizeof out), 1);
+    assert_string_equal(out, "");
+
+    /* out of range, signs, spaces, trailing text: the fallback */
+    assert_int_equal(knob_with_stderr("FP4D_TEST_KNOB_B", "17", 1, 16, 9, out, sizeof out), 9);
+    assert_non_null(strstr(out, "FP4D_TEST_KNOB_B=17"));
+    assert_int_equal(knob_with_stderr("FP4D_TEST_KNOB_B", "0", 1, 16, 9, out, sizeof out), 9);
+    assert_int_equal(knob_with_stderr("FP4D_TEST_KNOB_B", "+4", 1, 16, 9, out, sizeof out), 9);
+    assert_int_equal(knob_with_stderr("FP4D_TEST_KNOB_B", " 4", 1, 16, 9, out, sizeof out), 9);
+    assert_int_equal(knob_with_stderr("FP4D_TEST_KNOB_B", "4x", 1, 16, 9, out, sizeof out), 9);
+    assert_int_equal(knob_with_stderr("FP4D_TEST_KNOB_B", "99999999999999999999999", 1, 16, 9, out, sizeof out), 9);
+
+    /* the user's text is printed cleaned (no terminal escapes) and cut short */
+    assert_int_equal(knob_with_stderr("FP4D_TEST_KNOB_C", "\x1b[31mred", 0, 1, 1, out, sizeof out), 1);
+    assert_null(strchr(out, '\x1b'));
+    assert_non_null(strstr(out, "FP4D_TEST_KNOB_C=?[31mred"));
+    char long_text[300];
+    memset(long_text, '7', sizeof long_text - 1);
+    long_text[sizeof long_text - 1] = '\0';
+    assert_int_equal(knob_with_stderr("FP4D_TEST_KNOB_D", long_text, 0, 100, 5, out, sizeof out), 5);
+    assert_non_null(strstr(out, "..."));
+    assert_true(strlen(out) < 200);
 }
 
 static void test_status_numbers_are_stable(void **state)
@@ -51,6 +127,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_status_numbers_are_stable),
         cmocka_unit_test(test_env_digits_are_strict),
+        cmocka_unit_test(test_env_knobs_warn_once_and_fall_back),
         cmocka_unit_test(test_last_error_is_set_by_guards),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -8,6 +8,7 @@
 
 #include "fp4doctor/formats.h"
 #include "fp4doctor/fp4doctor.h"
+#include "env_knob.h"
 
 #if defined(__GNUC__)
 #define FP4D_PRINTF(a, b) __attribute__((format(printf, a, b)))

@@ -428,9 +428,7 @@ static void *ref_worker(void *arg)
 static int ref_thread_count(double work)
 {
     if (work < 1 << 20) return 1; /* not worth a thread */
-    long n = sysconf(_SC_NPROCESSORS_ONLN);
-    const char *env = getenv("FP4DOCTOR_REF_THREADS");
-    if (env && atoi(env) > 0) n = atoi(env);
+    long n = fp4d_env_knob("FP4DOCTOR_REF_THREADS", 1, 1 << 20, sysconf(_SC_NPROCESSORS_ONLN));
     if (n < 1) n = 1;
     if (n > 64) n = 64;
     return (int)n;

@@ -78,14 +78,9 @@ const fp4d_cpu_kernels *fp4d_cpu_kernels_for(fp4d_cpu_isa isa)
 
 int fp4d_cpu_default_threads(void)
 {
-    const char *env = getenv("FP4DOCTOR_THREADS");
-    if (env && *env) {
-        char *end;
-        long  v = strtol(env, &end, 10);
-        if (*end == '\0' && v >= 1 && v <= 1024) return (int)v;
-    }
     long n = sysconf(_SC_NPROCESSORS_ONLN);
-    return n >= 1 ? (int)(n > 1024 ? 1024 : n) : 1;
+    n = n >= 1 ? (n > 1024 ? 1024 : n) : 1;
+    return (int)fp4d_env_knob("FP4DOCTOR_THREADS", 1, 1024, n);
 }
 
 /* ---- operands ------------------------------------------------------------------------- */

@@ -42,6 +42,8 @@
 /* rows of one expert from which, on sm_90a, the weights are dequantized once into a bf16/f16
  * copy and the plain wgmma GEMM runs (FP4DOCTOR_CUDA_WG_DENSE_MIN_M; 0 = never) */
 #define FP4D_CUDA_WG_DENSE_MIN_M_DEFAULT 512
+/* the largest row count the path thresholds above take from the environment */
+#define KNOB_ROWS_MAX (1L << 30)
 /* rows one call may have: 65535 (the grid's y limit) row tiles - 32 rows on the simt path
  * (fp4d_cuda_simt_gemm), 128 on the tiled one (the first of the others to reach its limit) */
 #define CUDA_MAX_ROWS_SIMT (INT64_C(65535) * 32)
@@ -292,8 +294,7 @@ static fp4d_status launch_gemv(const cuda_ctx *c, const fp4d_gemv_args *args)
  * device memory for the copy). */
 static bool wants_stream_codes(const dev_gemm *g)
 {
-    const char *env = getenv("FP4DOCTOR_CUDA_STREAM_LAYOUT");
-    if (env && atoi(env) == 0) return false;
+    if (fp4d_env_knob("FP4DOCTOR_CUDA_STREAM_LAYOUT", 0, 1, 1) == 0) return false;
     return !g->b_stream && fp4d_cuda_stream_codes_wanted(g->a_type, g->b_format, g->k, max_rows_per_expert(g));
 }
 
@@ -429,8 +430,7 @@ static fp4d_status run_fused(cuda_ctx *c, const dev_gemm *g)
     const size_t osz = fp4d_out_elem_size(g->out_type);
     const void *a = NULL;
     FP4D_FORWARD_IF_ERROR(activations_as(c, g, d, esz, &a));
-    const char *one_launch = getenv("FP4DOCTOR_CUDA_GROUPED_LAUNCH");
-    if (g->offsets && (!one_launch || atoi(one_launch) != 0) && fp4d_cuda_fused_grouped_available()) {
+    if (g->offsets && fp4d_env_knob("FP4DOCTOR_CUDA_GROUPED_LAUNCH", 0, 1, 1) != 0 && fp4d_cuda_fused_grouped_available()) {
         const int64_t max_rows = max_rows_per_expert(g);
         if (max_rows < c->wg_dense_min_m) return run_fused_grouped(c, g, a, d, max_rows);
     }
@@ -542,15 +542,12 @@ static fp4d_status cuda_init(void *user_data, int device, void **out, fp4d_reaso
     }
     c->skinny_max_m = FP4D_CUDA_SKINNY_MAX_M_DEFAULT;
     c->grouped_skinny_max_m = fp4d_cuda_fused_grouped_available() ? FP4D_CUDA_GROUPED_SKINNY_MAX_M_WGMMA : c->skinny_max_m;
-    const char *env = getenv("FP4DOCTOR_CUDA_SKINNY_MAX_M"); /* sets both */
-    if (env && atoll(env) > 0) c->skinny_max_m = c->grouped_skinny_max_m = atoll(env);
-    c->fused_min_m = FP4D_CUDA_FUSED_MIN_M_DEFAULT;
-    env = getenv("FP4DOCTOR_CUDA_FUSED_MIN_M");
-    if (env && atoll(env) >= 0) c->fused_min_m = atoll(env);
+    const long skinny_max_m = fp4d_env_knob("FP4DOCTOR_CUDA_SKINNY_MAX_M", 1, KNOB_ROWS_MAX, 0); /* sets both */
+    if (skinny_max_m > 0) c->skinny_max_m = c->grouped_skinny_max_m = skinny_max_m;
+    c->fused_min_m = fp4d_env_knob("FP4DOCTOR_CUDA_FUSED_MIN_M", 0, KNOB_ROWS_MAX, FP4D_CUDA_FUSED_MIN_M_DEFAULT);
     if (!fp4d_cuda_fused_available(c->device)) c->fused_min_m = 0; /* too little shared memory per block */
-    c->wg_dense_min_m = FP4D_CUDA_WG_DENSE_MIN_M_DEFAULT;
-    env = getenv("FP4DOCTOR_CUDA_WG_DENSE_MIN_M");
-    if (env && atoll(env) >= 0) c->wg_dense_min_m = atoll(env) > 0 ? atoll(env) : INT64_MAX;
+    const long dense_min_m = fp4d_env_knob("FP4DOCTOR_CUDA_WG_DENSE_MIN_M", 0, KNOB_ROWS_MAX, FP4D_CUDA_WG_DENSE_MIN_M_DEFAULT);
+    c->wg_dense_min_m = dense_min_m > 0 ? dense_min_m : INT64_MAX;
     *out = c;
     return FP4D_STATUS_OK;
 }
@@ -599,10 +596,20 @@ static bool cuda_supports(void *ctx, const fp4d_gemm_desc *d, fp4d_reason *why)
     return true;
 }
 
-static fp4d_status cuda_gemm(void *ctx, const fp4d_gemm_problem *p)
+/* What a failed call returns, once nothing it queued still runs: a copy from or to the
+ * caller's buffers runs asynchronously where they are pinned, and must not outlive the call
+ * that the caller then sees return. The call's own error message stays. */
+static fp4d_status settled(cuda_ctx *c, fp4d_status st)
 {
-    cuda_ctx *c = ctx;
-    FP4D_CUDA_TRY(cudaSetDevice(c->device), "cuda: cudaSetDevice");
+    if (st != FP4D_STATUS_OK) {
+        (void)cudaStreamSynchronize(c->stream);
+        (void)cudaGetLastError();
+    }
+    return st;
+}
+
+static fp4d_status gemm_queued(cuda_ctx *c, const fp4d_gemm_problem *p)
+{
     FP4D_FORWARD_IF_ERROR(fp4d_cuda_upload_matrix(&p->a, &c->a, &c->a_sc, c->stream));
     FP4D_FORWARD_IF_ERROR(fp4d_cuda_upload_matrix(&p->b, &c->b, &c->b_sc, c->stream));
     const size_t out_bytes = (size_t)p->a.rows * (size_t)p->b.rows * fp4d_out_elem_size(p->out_type);
@@ -619,6 +626,13 @@ static fp4d_status cuda_gemm(void *ctx, const fp4d_gemm_problem *p)
     FP4D_FORWARD_IF_ERROR(run_dev_gemm(c, &g));
     FP4D_CUDA_TRY(cudaMemcpyAsync(p->out, c->out.ptr, out_bytes, cudaMemcpyDeviceToHost, c->stream), "cuda: download out");
     return fp4d_cuda_sync(c->stream, "cuda: GEMM");
+}
+
+static fp4d_status cuda_gemm(void *ctx, const fp4d_gemm_problem *p)
+{
+    cuda_ctx *c = ctx;
+    FP4D_CUDA_TRY(cudaSetDevice(c->device), "cuda: cudaSetDevice");
+    return settled(c, gemm_queued(c, p));
 }
 
 static fp4d_status cuda_grouped_gemm(void *ctx, const fp4d_grouped_gemm_problem *p)
@@ -669,6 +683,8 @@ static fp4d_status cuda_grouped_gemm(void *ctx, const fp4d_grouped_gemm_problem 
     return st != FP4D_STATUS_OK ? st : sync;
 }
 
+static fp4d_status quantize_queued(cuda_ctx *c, fp4d_quantize_problem *q);
+
 static fp4d_status cuda_quantize(void *ctx, fp4d_quantize_problem *q)
 {
     cuda_ctx *c = ctx;
@@ -679,6 +695,11 @@ static fp4d_status cuda_quantize(void *ctx, fp4d_quantize_problem *q)
     FP4D_RETURN_ERROR_IF(q->cols % 16 != 0 || q->rows < 0, INVALID_ARG, "cuda: quantize needs cols %% 16 == 0");
     FP4D_RETURN_ERROR_IF(!(q->params.encode_scale >= 0.0f), INVALID_ARG, "cuda: encode_scale must be >= 0");
     FP4D_CUDA_TRY(cudaSetDevice(c->device), "cuda: cudaSetDevice");
+    return settled(c, quantize_queued(c, q));
+}
+
+static fp4d_status quantize_queued(cuda_ctx *c, fp4d_quantize_problem *q)
+{
     const fp4d_matrix src = {q->src_type, q->rows, q->cols, q->src, NULL, FP4D_LAYOUT_LINEAR};
     const size_t code_bytes = (size_t)q->rows * (size_t)q->cols / 2;
     const size_t scale_bytes = fp4d_scale_buffer_size(q->params.scale_layout, q->rows, q->cols / 16);
@@ -951,8 +972,7 @@ static fp4d_status cuda_bench(void *ctx, const fp4d_gemm_desc *d, int repeats, f
          * load them before the kernel before them has finished, as a server's layers can
          * (FP4DOCTOR_CUDA_BENCH_SETTLED=0: timed as unsettled weights, which the stream
          * kernel reads only once everything before it is done; A/B timing) */
-        const char *settle = getenv("FP4DOCTOR_CUDA_BENCH_SETTLED");
-        if (st == FP4D_STATUS_OK && !(settle && atoi(settle) == 0) && cudaStreamSynchronize(c->stream) == cudaSuccess)
+        if (st == FP4D_STATUS_OK && fp4d_env_knob("FP4DOCTOR_CUDA_BENCH_SETTLED", 0, 1, 1) != 0 && cudaStreamSynchronize(c->stream) == cudaSuccess)
             for (int i = 0; i < s->copies; i++) s->g[i].b_settled = true;
         (void)cudaGetLastError();
         for (int i = 0; st == FP4D_STATUS_OK && s->path == PATH_SKINNY && i < s->copies; i++)

@@ -160,13 +160,8 @@ static int cmp_double(const void *a, const void *b)
  */
 static uint64_t bench_hold_ns(int calls)
 {
-    const char *env = getenv("FP4DOCTOR_BENCH_HOLD_US");
-    if (env && *env) {
-        char *end = NULL;
-        const long long us = strtoll(env, &end, 10);
-        if (end && *end == '\0' && us >= 0 && us <= 1000000) return (uint64_t)us * 1000u;
-    }
-    return (uint64_t)(50 + 10 * (calls > 0 ? calls : 1)) * 1000u;
+    const long fallback = 50 + 10 * (calls > 0 ? calls : 1);
+    return (uint64_t)fp4d_env_knob("FP4DOCTOR_BENCH_HOLD_US", 0, 1000000, fallback) * 1000u;
 }
 
 fp4d_status fp4d_cuda_time(cudaStream_t s, fp4d_cuda_bench_fn fn, void *state, int copies, int repeats,

@@ -50,6 +50,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "env_knob.h"
 #include "formats/stream_codes.h"
 
 #include "kernels.h"
@@ -193,6 +194,21 @@ __device__ const int image_has_wgmma = 1;
 #else
 __device__ const int image_has_wgmma = 0;
 #endif
+
+/* Whether a __device__ int of the loaded image is 1 on the current device. Read on a stream
+ * of its own that does not wait for the legacy default stream: cudaMemcpyFromSymbol runs on
+ * that stream, so the first GEMM of a process would have waited for whatever the caller had
+ * queued on its blocking streams. */
+static bool image_constant_is_one(const int &symbol)
+{
+    cudaStream_t s = nullptr;
+    if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess) return false;
+    int value = 0;
+    const bool read = cudaMemcpyFromSymbolAsync(&value, symbol, sizeof value, 0, cudaMemcpyDeviceToHost, s) == cudaSuccess &&
+                      cudaStreamSynchronize(s) == cudaSuccess;
+    cudaStreamDestroy(s);
+    return read && value == 1;
+}
 
 /* fp4d_cuda_hold_stream: one thread polls the global timer (ns) until `ns` have passed, asleep
  * between reads so that it takes next to no issue slots of its SM */
@@ -3590,6 +3606,20 @@ static int cached_device_index(void)
     return dev;
 }
 
+/* One fact per device (an attribute, a yes or no), asked of the runtime on first use; 0 means
+ * "not asked yet", so an answer must be stored as something else. Threads may ask together:
+ * the loads and stores are atomic (relaxed), so each sees 0 or a whole answer, and two first
+ * callers ask twice and store the same value. Two facts that must be read together are
+ * stored as one value (pdl_padded_smem). */
+template <typename T> struct device_facts {
+    T slot[64];
+    T get(int dev) const { return __atomic_load_n(&slot[dev], __ATOMIC_RELAXED); }
+    void set(int dev, T v) { __atomic_store_n(&slot[dev], v, __ATOMIC_RELAXED); }
+};
+
+/* A kernel-choice switch for A/B timing and tests: on unless the variable is 0 (env_knob.h) */
+static bool env_switch(const char *name) { return fp4d_env_knob(name, 0, 1, 1) != 0; }
+
 /* FP4DOCTOR_CUDA_PDL=0 launches the decode kernels without programmatic dependent launch
  * (A/B timing). It is on only where the code that runs was compiled for sm_90 or newer: a
  * kernel JIT-compiled from older PTX (a custom FP4D_CUDA_ARCHS) has no griddepcontrol.wait,
@@ -3597,17 +3627,16 @@ static int cached_device_index(void)
 static bool pdl_enabled(void)
 {
     enum { UNKNOWN = 0, ON, OFF };
-    static int state[64]; /* per device */
+    static device_facts<int> state;
     const int dev = cached_device_index();
     if (dev < 0) return false;
-    if (state[dev] == UNKNOWN) {
-        const char *env = getenv("FP4DOCTOR_CUDA_PDL");
+    if (state.get(dev) == UNKNOWN) {
         cudaFuncAttributes attr;
         const bool compiled_for_90 = cudaFuncGetAttributes(&attr, probe_kernel) == cudaSuccess && attr.ptxVersion >= 90;
         if (!compiled_for_90) (void)cudaGetLastError();
-        state[dev] = compiled_for_90 && !(env && atoi(env) == 0) ? ON : OFF;
+        state.set(dev, compiled_for_90 && env_switch("FP4DOCTOR_CUDA_PDL") ? ON : OFF);
     }
-    return state[dev] == ON;
+    return state.get(dev) == ON;
 }
 
 extern "C" int fp4d_cuda_pdl_active(void) { return pdl_enabled() ? 1 : 0; }
@@ -3650,12 +3679,11 @@ static cudaError_t launch_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, 
  * FP4DOCTOR_CUDA_WGMMA=0 keeps the mma.sync fused kernel (A/B timing). */
 static bool wg_active(void)
 {
-    const char *env = getenv("FP4DOCTOR_CUDA_WGMMA");
-    if (env && atoi(env) == 0) return false;
+    if (!env_switch("FP4DOCTOR_CUDA_WGMMA")) return false;
     const int dev = cached_device_index();
     if (dev < 0) return false;
-    static signed char cached[64]; /* 0 unknown, 1 yes, -1 no */
-    if (cached[dev] == 0) {
+    static device_facts<signed char> cached; /* 1 yes, -1 no */
+    if (cached.get(dev) == 0) {
         int major = 0, minor = 0, optin = 0;
         cudaFuncAttributes attr;
         bool ok = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
@@ -3663,12 +3691,11 @@ static bool wg_active(void)
                   cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) == cudaSuccess &&
                   major == 9 && minor == 0 && optin >= WG_SMEM &&
                   cudaFuncGetAttributes(&attr, wg_kernel<false, false>) == cudaSuccess && attr.binaryVersion == 90;
-        int has_wgmma = 0;
-        ok = ok && cudaMemcpyFromSymbol(&has_wgmma, image_has_wgmma, sizeof has_wgmma) == cudaSuccess && has_wgmma == 1;
+        ok = ok && image_constant_is_one(image_has_wgmma);
         if (!ok) (void)cudaGetLastError();
-        cached[dev] = ok ? 1 : -1;
+        cached.set(dev, ok ? 1 : -1);
     }
-    return cached[dev] == 1;
+    return cached.get(dev) == 1;
 }
 
 /* split count for tiles of tm x tn run `per_sm` at a time per SM (see fp4d_cuda_fused_splits) */
@@ -3697,8 +3724,7 @@ static int32_t fused_splits_model(int64_t m, int64_t n, int64_t k, int sm_count,
  * FP4DOCTOR_CUDA_WG_RS=0 (the shared-memory dequantizing wg_kernel, for A/B timing). */
 static bool wgr_enabled(void)
 {
-    const char *env = getenv("FP4DOCTOR_CUDA_WG_RS");
-    return !env || atoi(env) != 0;
+    return env_switch("FP4DOCTOR_CUDA_WG_RS");
 }
 /* tokens per wgr_kernel CTA: the smallest of 64, 128, 256 that holds M (larger M: 256-token
  * tiles); 64-token CTAs fit two per SM. Measured at M = 128: one 128-token CTA per weight
@@ -3765,8 +3791,7 @@ static bool encode_out_map(CUtensorMap *map, void *base, int64_t rows, int64_t n
 static int out_tma_map(CUtensorMap *map, void *out, int64_t rows, int64_t n, int out_type)
 {
     memset(map, 0, sizeof *map);
-    const char *env = getenv("FP4DOCTOR_CUDA_WG_TMA_STORE");
-    return (!env || atoi(env) != 0) && encode_out_map(map, out, rows, n, out_type) ? 1 : 0;
+    return env_switch("FP4DOCTOR_CUDA_WG_TMA_STORE") && encode_out_map(map, out, rows, n, out_type) ? 1 : 0;
 }
 
 static bool encode_out_map(CUtensorMap *map, void *base, int64_t rows, int64_t n, int out_type)
@@ -3815,8 +3840,7 @@ extern "C" void fp4d_cuda_fused_scratch(int64_t m, int64_t n, int32_t splits, si
 static int32_t dense_tail_plan(int64_t tiles, int64_t ktiles, int64_t grid, int64_t *tail_tiles)
 {
     *tail_tiles = 0;
-    const char *env = getenv("FP4DOCTOR_CUDA_WG_TAIL");
-    if ((env && atoi(env) == 0) || grid < 2 || tiles <= grid || tiles % grid == 0) return 1;
+    if (!env_switch("FP4DOCTOR_CUDA_WG_TAIL") || grid < 2 || tiles <= grid || tiles % grid == 0) return 1;
     const int64_t r = tiles % grid;
     int64_t best_s = 1;
     double best = (double)ktiles;
@@ -3834,18 +3858,18 @@ static int32_t dense_tail_plan(int64_t tiles, int64_t ktiles, int64_t grid, int6
  * stream kernel asks on every launch */
 static int64_t current_sm_count(void)
 {
-    static int cached[64];
+    static device_facts<int> cached;
     const int dev = cached_device_index();
     if (dev < 0) return 0;
-    if (cached[dev] == 0) {
+    if (cached.get(dev) == 0) {
         int sms = 0;
         if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
             (void)cudaGetLastError();
             return 0;
         }
-        cached[dev] = sms;
+        cached.set(dev, sms);
     }
-    return cached[dev];
+    return cached.get(dev);
 }
 
 extern "C" void fp4d_cuda_dense_wgmma_scratch(int64_t m, int64_t n, int64_t k, int32_t splits, size_t *partial_floats,
@@ -3878,9 +3902,8 @@ extern "C" int fp4d_cuda_dense_wgmma(int op_type, const void *a, const void *w, 
     if (tiles > INT32_MAX || splits > 65535) return (int)cudaErrorInvalidConfiguration;
     /* TMA + producer warp when the tensor maps can be made (FP4DOCTOR_CUDA_WG_TMA=0: the
      * cp.async variant); TMA coordinates are 32-bit */
-    const char *tma_env = getenv("FP4DOCTOR_CUDA_WG_TMA");
     CUtensorMap map_a, map_w;
-    if ((!tma_env || atoi(tma_env) != 0) && k < INT32_MAX && m < INT32_MAX && n < INT32_MAX &&
+    if (env_switch("FP4DOCTOR_CUDA_WG_TMA") && k < INT32_MAX && m < INT32_MAX && n < INT32_MAX &&
         encode_kmajor_map(&map_a, a, m, k, WG_BM, f16) && encode_kmajor_map(&map_w, w, n, k, WG_BN, f16)) {
         void (*tk)(const CUtensorMap, const CUtensorMap, const CUtensorMap, int, const fused_args) =
             f16 ? wgt_kernel<true> : wgt_kernel<false>;
@@ -3891,8 +3914,7 @@ extern "C" int fp4d_cuda_dense_wgmma(int op_type, const void *a, const void *w, 
         /* one CTA per SM walking the units, or (FP4DOCTOR_CUDA_WG_PERSISTENT=0) one CTA per unit;
          * persistent with scratch, the last partial round's tiles may run in K parts */
         const int64_t units = tiles * splits;
-        const char *pers_env = getenv("FP4DOCTOR_CUDA_WG_PERSISTENT");
-        const bool persistent = !pers_env || atoi(pers_env) != 0;
+        const bool persistent = env_switch("FP4DOCTOR_CUDA_WG_PERSISTENT");
         const int64_t grid = !persistent ? units : (units < sms ? units : sms);
         int64_t tail_tiles = 0;
         const int32_t tail_splits =
@@ -4018,8 +4040,7 @@ extern "C" int fp4d_cuda_fused_gemm(int op_type, const void *a, const uint8_t *c
         wk<<<dim3((unsigned)tiles, (unsigned)splits), WG_THREADS, WG_SMEM, s>>>(p);
         return (int)cudaGetLastError(); /* split-K is reduced inside the kernel */
     }
-    const char *minb_env = getenv("FP4DOCTOR_CUDA_FUSED_MINB");
-    const bool one_block = !f16 && minb_env && atoi(minb_env) == 1;
+    const bool one_block = !f16 && fp4d_env_knob("FP4DOCTOR_CUDA_FUSED_MINB", 1, 2, 2) == 1;
     void (*kernel)(const fused_args) = f16 ? fused_kernel<true, 2> : one_block ? fused_kernel<false, 1> : fused_kernel<false, 2>;
     /* set on every launch: the attribute is per device, and the call is cheap */
     const cudaError_t ae = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, FG_SMEM);
@@ -4066,22 +4087,26 @@ extern "C" int fp4d_cuda_simt_gemm(const float *a, const float *b, int64_t m, in
  * opt-in limit for the kernels' static tables (1-2 KB). */
 static size_t pdl_padded_smem(int *sm_count)
 {
-    static int sms[64], half[64]; /* per device; half: 0 not known yet, -1 none */
+    /* per device: the SM count in the high 32 bits, the padding (or -1: none) in the low */
+    static device_facts<int64_t> cached;
     const int dev = cached_device_index();
     if (!pdl_enabled() || dev < 0) return 0;
-    if (half[dev] == 0) {
-        int per_sm = 0, optin = 0;
-        if (cudaDeviceGetAttribute(&sms[dev], cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
+    if (cached.get(dev) == 0) {
+        int sms = 0, per_sm = 0, optin = 0, half = -1;
+        if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
             cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev) != cudaSuccess ||
             cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess) {
             (void)cudaGetLastError();
-            half[dev] = -1;
-        } else {
-            half[dev] = per_sm / 2 <= optin - 16 * 1024 ? per_sm / 2 : -1;
+            sms = 0;
+        } else if (per_sm / 2 <= optin - 16 * 1024) {
+            half = per_sm / 2;
         }
+        cached.set(dev, (int64_t)sms << 32 | (uint32_t)half);
     }
-    *sm_count = sms[dev];
-    return half[dev] > 0 ? (size_t)half[dev] : 0;
+    const int64_t v = cached.get(dev);
+    const int32_t half = (int32_t)(uint32_t)v;
+    *sm_count = (int)(v >> 32);
+    return half > 0 ? (size_t)half : 0;
 }
 
 /*
@@ -4113,8 +4138,7 @@ static bool decode_kernel_applies(int64_t k, int32_t max_rows) { return max_rows
  * kernel then takes these items), for A/B timing. */
 static bool wa_kernel_takes(int32_t a_type, int32_t b_format, int64_t k, int32_t max_rows)
 {
-    const char *env = getenv("FP4DOCTOR_CUDA_WA");
-    if (env && atoi(env) == 0) return false;
+    if (!env_switch("FP4DOCTOR_CUDA_WA")) return false;
     const bool f16 = a_type == FP4D_DTYPE_F16, bnv = b_format == FP4D_DTYPE_NVFP4;
     return max_rows <= 16 && k % WA_PHASE == 0 && k >= WA_PHASE && (bnv || !f16);
 }
@@ -4132,10 +4156,11 @@ extern "C" int fp4d_cuda_stream_codes_wanted(int a_type, int b_format, int64_t k
            wa_kernel_takes(a_type, b_format, k, (int32_t)max_rows);
 }
 
+/* A positive count forcing a planner's choice (splits, row groups, waves: A/B timing and
+ * tests), or `fallback` (env_knob.h: anything but digits is ignored with a warning). */
 static int64_t env_int(const char *name, int64_t fallback)
 {
-    const char *v = getenv(name);
-    return v && atoll(v) > 0 ? atoll(v) : fallback;
+    return fp4d_env_knob(name, 1, 1 << 24, (long)fallback);
 }
 
 /* Dynamic shared memory a stream block may have at all on the current device: the opt-in
@@ -4145,19 +4170,22 @@ static int64_t wa_smem_room(void)
 {
     const int dev = cached_device_index();
     if (dev < 0) return 0;
-    static int64_t cached[64]; /* -1: not known */
-    if (cached[dev] == 0) {
+    static device_facts<int64_t> cached; /* -1: not known */
+    if (cached.get(dev) == 0) {
         int optin = 0;
         cudaFuncAttributes attr;
+        int64_t room = -1;
         if (cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) == cudaSuccess &&
             cudaFuncGetAttributes(&attr, wa_kernel<AK_BF16, true, 2, 2>) == cudaSuccess) {
-            cached[dev] = ((int64_t)optin - (int64_t)attr.sharedSizeBytes) & ~(int64_t)15;
+            room = ((int64_t)optin - (int64_t)attr.sharedSizeBytes) & ~(int64_t)15;
+            if (room == 0) room = -1; /* 0 means "not asked" */
         } else {
             (void)cudaGetLastError();
-            cached[dev] = -1;
         }
+        cached.set(dev, room);
     }
-    return cached[dev] > 0 ? cached[dev] : 0;
+    const int64_t room = cached.get(dev);
+    return room > 0 ? room : 0;
 }
 
 /* Dynamic shared memory a stream block may stage when two blocks share an SM: WA_SMEM_MAX, or
@@ -4202,8 +4230,7 @@ static bool wa_staging_fits(int64_t pps, int32_t max_rows, int64_t blocks, int64
     /* blocks of more row groups run one per SM, any splits (wa_wide_grid_fits) */
     if (rg > WA_WARPS) return blocks <= sms && pps <= wa_max_phases_per_block(max_rows, true);
     if (pps <= wa_max_phases_per_block(max_rows, false)) return true;
-    const char *wide = getenv("FP4DOCTOR_CUDA_WA_WIDE");
-    if (wide && atoi(wide) == 0) return false;
+    if (!env_switch("FP4DOCTOR_CUDA_WA_WIDE")) return false;
     return splits == 1 && blocks <= sms && pps <= wa_max_phases_per_block(max_rows, true);
 }
 
@@ -4415,16 +4442,19 @@ static int launch_decode_rows(const fp4d_skinny_args *args, cudaStream_t s)
 static bool wa_clusters_wanted(int32_t splits)
 {
     if (splits < 2 || splits > SPLITK_CLUSTER_MAX) return false;
-    const char *env = getenv("FP4DOCTOR_CUDA_WA_CLUSTER");
-    if (env && atoi(env) == 0) return false;
-    static int major[64]; /* per device; 0: not known yet, -1: the runtime cannot say */
+    if (!env_switch("FP4DOCTOR_CUDA_WA_CLUSTER")) return false;
+    static device_facts<int> major; /* -1: the runtime cannot say */
     const int dev = cached_device_index();
     if (dev < 0) return false;
-    if (major[dev] == 0 && cudaDeviceGetAttribute(&major[dev], cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
-        (void)cudaGetLastError();
-        major[dev] = -1;
+    if (major.get(dev) == 0) {
+        int m = 0;
+        if (cudaDeviceGetAttribute(&m, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess || m <= 0) {
+            (void)cudaGetLastError();
+            m = -1;
+        }
+        major.set(dev, m);
     }
-    return major[dev] >= 9;
+    return major.get(dev) >= 9;
 }
 
 /*
@@ -4541,7 +4571,8 @@ static int launch_wa(const fp4d_skinny_args *args, cudaStream_t s, unsigned *clu
      * chunks of N phases (A/B timing, tests) */
     fp4d_skinny_args launched = *args;
     const char *stage = getenv("FP4DOCTOR_CUDA_WA_STAGE");
-    launched.stage_chunk = !stage ? WA_STAGE_CHUNK : strcmp(stage, "upfront") == 0 ? 0 : atoi(stage);
+    launched.stage_chunk = stage && strcmp(stage, "upfront") == 0
+                               ? 0 : (int)fp4d_env_knob("FP4DOCTOR_CUDA_WA_STAGE", 0, 1 << 20, WA_STAGE_CHUNK);
     /* early (programmatic dependent launch) only with settled weights: the kernel loads its
      * first weights before pdl_wait */
     return (int)launch_pdl_clusters(wa_kernel<AK, BNV, MT, KH, RG>, grid, dim3(RG * 32 * KH), smem, s, cluster_y,
@@ -4588,8 +4619,7 @@ constexpr int64_t WA_KSLICES2_FP4_PHASES = 32;
 
 extern "C" int fp4d_cuda_wa_kslices(const fp4d_skinny_args *args, int sm_count)
 {
-    const char *env = getenv("FP4DOCTOR_CUDA_WA_KSLICES");
-    const int forced = env ? atoi(env) : -1;
+    const int forced = (int)fp4d_env_knob("FP4DOCTOR_CUDA_WA_KSLICES", 0, 2, -1);
     const int64_t phases = args->k / WA_PHASE, sms = sm_count > 0 ? sm_count : 132;
     if (forced == 0 || args->splits <= 1 || args->max_rows > 8) return 0;
     const bool one_fits = phases <= wa_max_phases_per_block(args->max_rows, false);
@@ -4691,15 +4721,14 @@ extern "C" int fp4d_cuda_gemv_applies(int a_type, int b_format, int64_t m, int64
     /* FP4DOCTOR_CUDA_GEMV_MAX_M: largest M it takes (0: off, for A/B timing; at most 4).
      * By default it takes M = 1 only where the weight-streaming kernel does not (K % 256
      * != 0, f16 x MXFP4, or that kernel switched off): it is slower where both apply. */
-    const char *env = getenv("FP4DOCTOR_CUDA_GEMV_MAX_M");
-    const int64_t max_m = env ? atoll(env) : FP4D_CUDA_GEMV_MAX_M_DEFAULT;
-    if (!env && a_ok && b_ok) {
+    const int64_t forced_max_m = fp4d_env_knob("FP4DOCTOR_CUDA_GEMV_MAX_M", 0, 4, -1);
+    const int64_t max_m = forced_max_m >= 0 ? forced_max_m : FP4D_CUDA_GEMV_MAX_M_DEFAULT;
+    if (forced_max_m < 0 && a_ok && b_ok) {
         fp4d_skinny_args probe = {};
         probe.a_type = a_type;
         probe.b_format = b_format;
         /* the backend provides the stream layout where the kernel wants it, unless told not to */
-        const char *layout = getenv("FP4DOCTOR_CUDA_STREAM_LAYOUT");
-        probe.b_stream_codes = a_type != FP4D_DTYPE_F16 && !(layout && atoi(layout) == 0);
+        probe.b_stream_codes = a_type != FP4D_DTYPE_F16 && env_switch("FP4DOCTOR_CUDA_STREAM_LAYOUT");
         probe.k = k;
         probe.max_rows = (int32_t)m;
         if (wa_kernel_applies(&probe)) return 0;
@@ -4988,8 +5017,7 @@ extern "C" int fp4d_cuda_e2m1_sweep(float s, uint64_t *mismatches, uint32_t *fir
 /* FP4DOCTOR_CUDA_QUANT_B1=0 keeps bf16 rows of 2048+ columns on the 4-block kernel (A/B timing) */
 static bool quantize_b1_enabled(void)
 {
-    const char *env = getenv("FP4DOCTOR_CUDA_QUANT_B1");
-    return !env || atoi(env) != 0;
+    return env_switch("FP4DOCTOR_CUDA_QUANT_B1");
 }
 
 extern "C" int fp4d_cuda_quantize_nvfp4(int src_type, const void *src, int64_t rows, int64_t cols, float encode_scale,

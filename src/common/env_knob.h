@@ -1,0 +1,21 @@
+/* Tuning and test switches read from the environment (FP4DOCTOR_CUDA_*, FP4DOCTOR_REF_THREADS,
+ * ...). Internal; usable from C and from the CUDA host code. */
+#ifndef FP4D_ENV_KNOB_H
+#define FP4D_ENV_KNOB_H
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The value of environment variable `name` read as decimal digits only, within [lo, hi]
+ * (0 <= lo <= hi); `fallback` when it is unset or empty. Anything else - "abc", "-1", "1x",
+ * " 2", a number out of range - gives `fallback` too, with one line on stderr per variable
+ * and process naming the variable and the range: atoi() read "abc" as 0, so a typo turned a
+ * kernel path off, or forced a split count, without a word. */
+long fp4d_env_knob(const char *name, long lo, long hi, long fallback);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
