@@ -944,7 +944,13 @@ fp4d_status fp4d_backend_choose_auto(const fp4d_gemm_desc *desc, const char **na
             fp4d_backend_close(b);
             continue;
         }
-        if (iface->score) score = iface->score(b->ctx, desc);
+        if (iface->score) {
+            /* like every other slot: the caller's last error and CUDA context kept */
+            backend_call call;
+            backend_call_begin(&call, iface);
+            score = iface->score(b->ctx, desc);
+            backend_call_end_quietly(&call);
+        }
         fp4d_backend_close(b);
         if (score <= 0) {
             debugf("%s: score %d, not picked", iface->name, score);
