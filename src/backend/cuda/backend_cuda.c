@@ -977,6 +977,20 @@ static fp4d_status cuda_bench(void *ctx, const fp4d_gemm_desc *d, int repeats, f
         (void)cudaGetLastError();
         for (int i = 0; st == FP4D_STATUS_OK && s->path == PATH_SKINNY && i < s->copies; i++)
             st = plan_skinny(c, &s->g[i], &s->params[i], &s->args[i]);
+        /* Each plan points to the split-K scratch as it was when it was made. A later copy that
+         * needs more (another routing: more items, longer ones) makes it anew and frees the old
+         * one, which an earlier plan would then still use: every plan takes the final buffers,
+         * which only ever grow, so they are large enough for each. */
+        for (int i = 0; st == FP4D_STATUS_OK && i < s->copies; i++) {
+            if (s->path == PATH_GEMV && s->gargs[i].splits > 1) {
+                s->gargs[i].partials = c->partials.ptr;
+                s->gargs[i].counters = c->counters.ptr;
+            }
+            if (s->path == PATH_SKINNY && s->args[i].splits > 1) {
+                s->args[i].partials = c->partials.ptr;
+                s->args[i].counters = c->counters.ptr;
+            }
+        }
     }
     if (st == FP4D_STATUS_OK) st = fp4d_cuda_time(c->stream, bench_call, s, s->copies, repeats, out);
     cudaStreamSynchronize(c->stream);
