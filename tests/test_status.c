@@ -29,6 +29,20 @@ static void test_env_digits_are_strict(void **state)
     assert_int_equal(fp4d_env_digits(" 1", 10), -1);
     assert_int_equal(fp4d_env_digits("-1", 10), -1);
     assert_int_equal(fp4d_env_digits("+1", 10), -1);
+    /* one digit above a small max: (max - digit) / 10 rounded up to 0 let these through */
+    assert_int_equal(fp4d_env_digits("2", 1), -1);
+    assert_int_equal(fp4d_env_digits("9", 1), -1);
+    assert_int_equal(fp4d_env_digits("5", 4), -1);
+    assert_int_equal(fp4d_env_digits("07", 4), -1);
+    assert_int_equal(fp4d_env_digits("1", 0), -1);
+    assert_int_equal(fp4d_env_digits("0", 0), 0);
+    assert_int_equal(fp4d_env_digits("04", 4), 4);
+    for (long max = 0; max <= 12; max++)
+        for (long v = 0; v <= 99; v++) {
+            char text[4];
+            snprintf(text, sizeof text, "%ld", v);
+            assert_int_equal(fp4d_env_digits(text, max), v <= max ? v : -1);
+        }
 }
 
 /* Reads `name` = `value` through fp4d_env_knob with stderr captured: the value, and what
@@ -81,6 +95,14 @@ static void test_env_knobs_warn_once_and_fall_back(void **state)
     /* ... once per variable */
     assert_int_equal(knob_with_stderr("FP4D_TEST_KNOB_A", "-1", 0, 1, 1, out, sizeof out), 1);
     assert_string_equal(out, "");
+
+    /* one digit above a one-digit range: the fallback (not the digit) */
+    assert_int_equal(knob_with_stderr("FP4D_TEST_KNOB_E", "2", 0, 1, 1, out, sizeof out), 1);
+    assert_non_null(strstr(out, "FP4D_TEST_KNOB_E=2"));
+    assert_int_equal(knob_with_stderr("FP4D_TEST_KNOB_E", "5", 0, 4, -1, out, sizeof out), -1);
+    /* a fallback outside the range is a marker, named "the default" */
+    assert_int_equal(knob_with_stderr("FP4D_TEST_KNOB_F", "x", 0, 4, -1, out, sizeof out), -1);
+    assert_non_null(strstr(out, "using the default"));
 
     /* out of range, signs, spaces, trailing text: the fallback */
     assert_int_equal(knob_with_stderr("FP4D_TEST_KNOB_B", "17", 1, 16, 9, out, sizeof out), 9);

@@ -1,5 +1,4 @@
 /* Tuning and test switches from the environment: see env_knob.h. */
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -9,21 +8,25 @@
 
 /* Variables already warned about (their names, as passed: callers use string literals). A
  * knob is read on every launch plan, so one warning per variable, not per read; past the
- * table's end every read warns, which is noisy but still says what is wrong. */
+ * table's end every read warns, which is noisy but still says what is wrong. Slots are claimed
+ * by compare-and-swap rather than under a lock: `replay` forks without exec, and a lock held by
+ * another thread at the fork would never be released in the child. */
 #define WARNED_MAX 32
-static const char     *warned[WARNED_MAX];
-static int             warned_count;
-static pthread_mutex_t warned_lock = PTHREAD_MUTEX_INITIALIZER;
+static const char *warned[WARNED_MAX];
 
 static int first_warning(const char *name)
 {
-    int first = 1;
-    pthread_mutex_lock(&warned_lock);
-    for (int i = 0; i < warned_count && first; i++)
-        if (strcmp(warned[i], name) == 0) first = 0;
-    if (first && warned_count < WARNED_MAX) warned[warned_count++] = name;
-    pthread_mutex_unlock(&warned_lock);
-    return first;
+    for (int i = 0; i < WARNED_MAX; i++) {
+        const char *seen = __atomic_load_n(&warned[i], __ATOMIC_ACQUIRE);
+        if (!seen) {
+            const char *expected = NULL;
+            if (__atomic_compare_exchange_n(&warned[i], &expected, name, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+                return 1;
+            seen = expected; /* another thread took the slot first */
+        }
+        if (strcmp(seen, name) == 0) return 0;
+    }
+    return 1;
 }
 
 long fp4d_env_knob(const char *name, long lo, long hi, long fallback)
@@ -31,14 +34,18 @@ long fp4d_env_knob(const char *name, long lo, long hi, long fallback)
     const char *text = getenv(name);
     if (!text || !*text) return fallback;
     const long v = fp4d_env_digits(text, hi);
-    if (v >= lo) return v;
+    if (v >= lo && v <= hi) return v;
     if (first_warning(name)) {
         /* the value is the user's own text: printed cleaned and cut short, never as is */
         char shown[40];
         snprintf(shown, sizeof shown, "%s", text);
         fp4d_text_clean(shown);
-        fprintf(stderr, "fp4doctor: ignoring %s=%s%s (expected a whole number from %ld to %ld); using %ld\n", name,
-                shown, strlen(text) >= sizeof shown ? "..." : "", lo, hi, fallback);
+        /* a fallback outside the range is a "decide for me" marker, not a value to name */
+        char using[48];
+        if (fallback >= lo && fallback <= hi) snprintf(using, sizeof using, "using %ld", fallback);
+        else snprintf(using, sizeof using, "using the default");
+        fprintf(stderr, "fp4doctor: ignoring %s=%s%s (expected a whole number from %ld to %ld); %s\n", name, shown,
+                strlen(text) >= sizeof shown ? "..." : "", lo, hi, using);
     }
     return fallback;
 }

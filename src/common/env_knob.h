@@ -11,7 +11,9 @@ extern "C" {
  * (0 <= lo <= hi); `fallback` when it is unset or empty. Anything else - "abc", "-1", "1x",
  * " 2", a number out of range - gives `fallback` too, with one line on stderr per variable
  * and process naming the variable and the range: atoi() read "abc" as 0, so a typo turned a
- * kernel path off, or forced a split count, without a word. */
+ * kernel path off, or forced a split count, without a word. A fallback outside [lo, hi] (a
+ * caller's "not set" marker, such as -1) is named "the default" in that line. Fork-safe: no
+ * lock is taken. */
 long fp4d_env_knob(const char *name, long lo, long hi, long fallback);
 
 #ifdef __cplusplus

@@ -52,7 +52,9 @@ long fp4d_env_digits(const char *text, long max)
     long v = 0;
     for (const char *p = text; *p; p++) {
         if (*p < '0' || *p > '9') return -1;
-        if (v > (max - (*p - '0')) / 10) return -1; /* v * 10 + digit would pass max */
+        /* v * 10 + digit would pass max (the first test alone: (max - digit) / 10 rounds a
+         * negative quotient up to 0, which let "5" through for max 1) */
+        if (*p - '0' > max || v > (max - (*p - '0')) / 10) return -1;
         v = v * 10 + (*p - '0');
     }
     return v;

@@ -635,10 +635,8 @@ static fp4d_status cuda_gemm(void *ctx, const fp4d_gemm_problem *p)
     return settled(c, gemm_queued(c, p));
 }
 
-static fp4d_status cuda_grouped_gemm(void *ctx, const fp4d_grouped_gemm_problem *p)
+static fp4d_status grouped_queued(cuda_ctx *c, const fp4d_grouped_gemm_problem *p)
 {
-    cuda_ctx *c = ctx;
-    FP4D_CUDA_TRY(cudaSetDevice(c->device), "cuda: cudaSetDevice");
     const int32_t E = p->num_experts;
     const int64_t n = p->b[0].rows, k = p->a.cols;
     if (p->a.rows > 0) FP4D_FORWARD_IF_ERROR(fp4d_cuda_upload_matrix(&p->a, &c->a, &c->a_sc, c->stream));
@@ -681,6 +679,13 @@ static fp4d_status cuda_grouped_gemm(void *ctx, const fp4d_grouped_gemm_problem 
     fp4d_status sync = fp4d_cuda_sync(c->stream, "cuda: grouped GEMM");
     free(codes);
     return st != FP4D_STATUS_OK ? st : sync;
+}
+
+static fp4d_status cuda_grouped_gemm(void *ctx, const fp4d_grouped_gemm_problem *p)
+{
+    cuda_ctx *c = ctx;
+    FP4D_CUDA_TRY(cudaSetDevice(c->device), "cuda: cudaSetDevice");
+    return settled(c, grouped_queued(c, p));
 }
 
 static fp4d_status quantize_queued(cuda_ctx *c, fp4d_quantize_problem *q);

@@ -4247,11 +4247,24 @@ static int resident_blocks(const void *kernel, int threads, size_t smem)
     return b;
 }
 
+/* ask() (a count >= 1) for the current device, asked once per device (device_facts) */
+template <typename Ask> static int per_device_count(device_facts<int> &cache, Ask ask)
+{
+    const int dev = cached_device_index();
+    if (dev < 0) return ask();
+    if (cache.get(dev) == 0) cache.set(dev, ask());
+    return cache.get(dev);
+}
+
+static int resident_blocks_cached(device_facts<int> &cache, const void *kernel, int threads, size_t smem)
+{
+    return per_device_count(cache, [&]() { return resident_blocks(kernel, threads, smem); });
+}
+
 static int wa_blocks_per_sm(void)
 {
-    static int cached = 0;
-    if (cached == 0) cached = resident_blocks((const void *)wa_kernel<AK_BF16, true, 1>, WA_WARPS * 32, (size_t)wa_smem_limit());
-    return cached;
+    static device_facts<int> cached;
+    return resident_blocks_cached(cached, (const void *)wa_kernel<AK_BF16, true, 1>, WA_WARPS * 32, (size_t)wa_smem_limit());
 }
 
 /* Tiles of `rows` weight rows over all items: the blocks of one K split of a stream grid. */
@@ -4281,10 +4294,8 @@ extern "C" void fp4d_cuda_skinny_scratch(int64_t n, int32_t num_items, int32_t s
 /* Resident decode blocks per multiprocessor (shared memory bound: 3 on sm_90). */
 static int decode_blocks_per_sm(void)
 {
-    static int cached = 0;
-    if (cached == 0)
-        cached = resident_blocks((const void *)decode_kernel<AK_BF16, true, false>, DK_WARPS * 32, DK_SMEM);
-    return cached;
+    static device_facts<int> cached;
+    return resident_blocks_cached(cached, (const void *)decode_kernel<AK_BF16, true, false>, DK_WARPS * 32, DK_SMEM);
 }
 
 /* The K splits of the stream kernel's grid of WA_WARPS-group blocks for args on sms SMs. */
@@ -4738,8 +4749,8 @@ extern "C" int fp4d_cuda_gemv_applies(int a_type, int b_format, int64_t m, int64
 
 template <int MR, bool BNV> static int gv_blocks_per_sm()
 {
-    static int cached = 0;
-    if (cached == 0) {
+    static device_facts<int> cached;
+    return per_device_count(cached, []() {
         int b = 0;
         if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, gemv_kernel<MR, BNV>, GV_WARPS * 32,
                                                           GV_SMEM_FLOATS * sizeof(float)) != cudaSuccess ||
@@ -4747,9 +4758,8 @@ template <int MR, bool BNV> static int gv_blocks_per_sm()
             (void)cudaGetLastError();
             b = 1;
         }
-        cached = b;
-    }
-    return cached;
+        return b;
+    });
 }
 
 static int gv_blocks_per_sm_for(int mr, bool bnv)
