@@ -49,3 +49,8 @@ long fp4d_env_knob(const char *name, long lo, long hi, long fallback)
     }
     return fallback;
 }
+
+int fp4d_env_switch(const char *name)
+{
+    return fp4d_env_knob(name, 0, 1, 1) != 0;
+}

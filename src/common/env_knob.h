@@ -16,6 +16,10 @@ extern "C" {
  * lock is taken. */
 long fp4d_env_knob(const char *name, long lo, long hi, long fallback);
 
+/* An on/off switch for A/B timing and tests (FP4DOCTOR_CUDA_WA, ...): on unless the variable
+ * is 0. Read by fp4d_env_knob over [0, 1], so "off" or "2" keeps it on, with the warning. */
+int fp4d_env_switch(const char *name);
+
 #ifdef __cplusplus
 }
 #endif

@@ -294,7 +294,7 @@ static fp4d_status launch_gemv(const cuda_ctx *c, const fp4d_gemv_args *args)
  * device memory for the copy). */
 static bool wants_stream_codes(const dev_gemm *g)
 {
-    if (fp4d_env_knob("FP4DOCTOR_CUDA_STREAM_LAYOUT", 0, 1, 1) == 0) return false;
+    if (!fp4d_env_switch("FP4DOCTOR_CUDA_STREAM_LAYOUT")) return false;
     return !g->b_stream && fp4d_cuda_stream_codes_wanted(g->a_type, g->b_format, g->k, max_rows_per_expert(g));
 }
 
@@ -430,7 +430,7 @@ static fp4d_status run_fused(cuda_ctx *c, const dev_gemm *g)
     const size_t osz = fp4d_out_elem_size(g->out_type);
     const void *a = NULL;
     FP4D_FORWARD_IF_ERROR(activations_as(c, g, d, esz, &a));
-    if (g->offsets && fp4d_env_knob("FP4DOCTOR_CUDA_GROUPED_LAUNCH", 0, 1, 1) != 0 && fp4d_cuda_fused_grouped_available()) {
+    if (g->offsets && fp4d_env_switch("FP4DOCTOR_CUDA_GROUPED_LAUNCH") && fp4d_cuda_fused_grouped_available()) {
         const int64_t max_rows = max_rows_per_expert(g);
         if (max_rows < c->wg_dense_min_m) return run_fused_grouped(c, g, a, d, max_rows);
     }
@@ -977,7 +977,7 @@ static fp4d_status cuda_bench(void *ctx, const fp4d_gemm_desc *d, int repeats, f
          * load them before the kernel before them has finished, as a server's layers can
          * (FP4DOCTOR_CUDA_BENCH_SETTLED=0: timed as unsettled weights, which the stream
          * kernel reads only once everything before it is done; A/B timing) */
-        if (st == FP4D_STATUS_OK && fp4d_env_knob("FP4DOCTOR_CUDA_BENCH_SETTLED", 0, 1, 1) != 0 && cudaStreamSynchronize(c->stream) == cudaSuccess)
+        if (st == FP4D_STATUS_OK && fp4d_env_switch("FP4DOCTOR_CUDA_BENCH_SETTLED") && cudaStreamSynchronize(c->stream) == cudaSuccess)
             for (int i = 0; i < s->copies; i++) s->g[i].b_settled = true;
         (void)cudaGetLastError();
         for (int i = 0; st == FP4D_STATUS_OK && s->path == PATH_SKINNY && i < s->copies; i++)

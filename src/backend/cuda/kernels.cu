@@ -3617,9 +3617,6 @@ template <typename T> struct device_facts {
     void set(int dev, T v) { __atomic_store_n(&slot[dev], v, __ATOMIC_RELAXED); }
 };
 
-/* A kernel-choice switch for A/B timing and tests: on unless the variable is 0 (env_knob.h) */
-static bool env_switch(const char *name) { return fp4d_env_knob(name, 0, 1, 1) != 0; }
-
 /* FP4DOCTOR_CUDA_PDL=0 launches the decode kernels without programmatic dependent launch
  * (A/B timing). It is on only where the code that runs was compiled for sm_90 or newer: a
  * kernel JIT-compiled from older PTX (a custom FP4D_CUDA_ARCHS) has no griddepcontrol.wait,
@@ -3634,7 +3631,7 @@ static bool pdl_enabled(void)
         cudaFuncAttributes attr;
         const bool compiled_for_90 = cudaFuncGetAttributes(&attr, probe_kernel) == cudaSuccess && attr.ptxVersion >= 90;
         if (!compiled_for_90) (void)cudaGetLastError();
-        state.set(dev, compiled_for_90 && env_switch("FP4DOCTOR_CUDA_PDL") ? ON : OFF);
+        state.set(dev, compiled_for_90 && fp4d_env_switch("FP4DOCTOR_CUDA_PDL") ? ON : OFF);
     }
     return state.get(dev) == ON;
 }
@@ -3679,7 +3676,7 @@ static cudaError_t launch_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, 
  * FP4DOCTOR_CUDA_WGMMA=0 keeps the mma.sync fused kernel (A/B timing). */
 static bool wg_active(void)
 {
-    if (!env_switch("FP4DOCTOR_CUDA_WGMMA")) return false;
+    if (!fp4d_env_switch("FP4DOCTOR_CUDA_WGMMA")) return false;
     const int dev = cached_device_index();
     if (dev < 0) return false;
     static device_facts<signed char> cached; /* 1 yes, -1 no */
@@ -3724,7 +3721,7 @@ static int32_t fused_splits_model(int64_t m, int64_t n, int64_t k, int sm_count,
  * FP4DOCTOR_CUDA_WG_RS=0 (the shared-memory dequantizing wg_kernel, for A/B timing). */
 static bool wgr_enabled(void)
 {
-    return env_switch("FP4DOCTOR_CUDA_WG_RS");
+    return fp4d_env_switch("FP4DOCTOR_CUDA_WG_RS");
 }
 /* tokens per wgr_kernel CTA: the smallest of 64, 128, 256 that holds M (larger M: 256-token
  * tiles); 64-token CTAs fit two per SM. Measured at M = 128: one 128-token CTA per weight
@@ -3791,7 +3788,7 @@ static bool encode_out_map(CUtensorMap *map, void *base, int64_t rows, int64_t n
 static int out_tma_map(CUtensorMap *map, void *out, int64_t rows, int64_t n, int out_type)
 {
     memset(map, 0, sizeof *map);
-    return env_switch("FP4DOCTOR_CUDA_WG_TMA_STORE") && encode_out_map(map, out, rows, n, out_type) ? 1 : 0;
+    return fp4d_env_switch("FP4DOCTOR_CUDA_WG_TMA_STORE") && encode_out_map(map, out, rows, n, out_type) ? 1 : 0;
 }
 
 static bool encode_out_map(CUtensorMap *map, void *base, int64_t rows, int64_t n, int out_type)
@@ -3840,7 +3837,7 @@ extern "C" void fp4d_cuda_fused_scratch(int64_t m, int64_t n, int32_t splits, si
 static int32_t dense_tail_plan(int64_t tiles, int64_t ktiles, int64_t grid, int64_t *tail_tiles)
 {
     *tail_tiles = 0;
-    if (!env_switch("FP4DOCTOR_CUDA_WG_TAIL") || grid < 2 || tiles <= grid || tiles % grid == 0) return 1;
+    if (!fp4d_env_switch("FP4DOCTOR_CUDA_WG_TAIL") || grid < 2 || tiles <= grid || tiles % grid == 0) return 1;
     const int64_t r = tiles % grid;
     int64_t best_s = 1;
     double best = (double)ktiles;
@@ -3903,7 +3900,7 @@ extern "C" int fp4d_cuda_dense_wgmma(int op_type, const void *a, const void *w, 
     /* TMA + producer warp when the tensor maps can be made (FP4DOCTOR_CUDA_WG_TMA=0: the
      * cp.async variant); TMA coordinates are 32-bit */
     CUtensorMap map_a, map_w;
-    if (env_switch("FP4DOCTOR_CUDA_WG_TMA") && k < INT32_MAX && m < INT32_MAX && n < INT32_MAX &&
+    if (fp4d_env_switch("FP4DOCTOR_CUDA_WG_TMA") && k < INT32_MAX && m < INT32_MAX && n < INT32_MAX &&
         encode_kmajor_map(&map_a, a, m, k, WG_BM, f16) && encode_kmajor_map(&map_w, w, n, k, WG_BN, f16)) {
         void (*tk)(const CUtensorMap, const CUtensorMap, const CUtensorMap, int, const fused_args) =
             f16 ? wgt_kernel<true> : wgt_kernel<false>;
@@ -3914,7 +3911,7 @@ extern "C" int fp4d_cuda_dense_wgmma(int op_type, const void *a, const void *w, 
         /* one CTA per SM walking the units, or (FP4DOCTOR_CUDA_WG_PERSISTENT=0) one CTA per unit;
          * persistent with scratch, the last partial round's tiles may run in K parts */
         const int64_t units = tiles * splits;
-        const bool persistent = env_switch("FP4DOCTOR_CUDA_WG_PERSISTENT");
+        const bool persistent = fp4d_env_switch("FP4DOCTOR_CUDA_WG_PERSISTENT");
         const int64_t grid = !persistent ? units : (units < sms ? units : sms);
         int64_t tail_tiles = 0;
         const int32_t tail_splits =
@@ -4138,7 +4135,7 @@ static bool decode_kernel_applies(int64_t k, int32_t max_rows) { return max_rows
  * kernel then takes these items), for A/B timing. */
 static bool wa_kernel_takes(int32_t a_type, int32_t b_format, int64_t k, int32_t max_rows)
 {
-    if (!env_switch("FP4DOCTOR_CUDA_WA")) return false;
+    if (!fp4d_env_switch("FP4DOCTOR_CUDA_WA")) return false;
     const bool f16 = a_type == FP4D_DTYPE_F16, bnv = b_format == FP4D_DTYPE_NVFP4;
     return max_rows <= 16 && k % WA_PHASE == 0 && k >= WA_PHASE && (bnv || !f16);
 }
@@ -4230,7 +4227,7 @@ static bool wa_staging_fits(int64_t pps, int32_t max_rows, int64_t blocks, int64
     /* blocks of more row groups run one per SM, any splits (wa_wide_grid_fits) */
     if (rg > WA_WARPS) return blocks <= sms && pps <= wa_max_phases_per_block(max_rows, true);
     if (pps <= wa_max_phases_per_block(max_rows, false)) return true;
-    if (!env_switch("FP4DOCTOR_CUDA_WA_WIDE")) return false;
+    if (!fp4d_env_switch("FP4DOCTOR_CUDA_WA_WIDE")) return false;
     return splits == 1 && blocks <= sms && pps <= wa_max_phases_per_block(max_rows, true);
 }
 
@@ -4453,7 +4450,7 @@ static int launch_decode_rows(const fp4d_skinny_args *args, cudaStream_t s)
 static bool wa_clusters_wanted(int32_t splits)
 {
     if (splits < 2 || splits > SPLITK_CLUSTER_MAX) return false;
-    if (!env_switch("FP4DOCTOR_CUDA_WA_CLUSTER")) return false;
+    if (!fp4d_env_switch("FP4DOCTOR_CUDA_WA_CLUSTER")) return false;
     static device_facts<int> major; /* -1: the runtime cannot say */
     const int dev = cached_device_index();
     if (dev < 0) return false;
@@ -4739,7 +4736,7 @@ extern "C" int fp4d_cuda_gemv_applies(int a_type, int b_format, int64_t m, int64
         probe.a_type = a_type;
         probe.b_format = b_format;
         /* the backend provides the stream layout where the kernel wants it, unless told not to */
-        probe.b_stream_codes = a_type != FP4D_DTYPE_F16 && env_switch("FP4DOCTOR_CUDA_STREAM_LAYOUT");
+        probe.b_stream_codes = a_type != FP4D_DTYPE_F16 && fp4d_env_switch("FP4DOCTOR_CUDA_STREAM_LAYOUT");
         probe.k = k;
         probe.max_rows = (int32_t)m;
         if (wa_kernel_applies(&probe)) return 0;
@@ -5027,7 +5024,7 @@ extern "C" int fp4d_cuda_e2m1_sweep(float s, uint64_t *mismatches, uint32_t *fir
 /* FP4DOCTOR_CUDA_QUANT_B1=0 keeps bf16 rows of 2048+ columns on the 4-block kernel (A/B timing) */
 static bool quantize_b1_enabled(void)
 {
-    return env_switch("FP4DOCTOR_CUDA_QUANT_B1");
+    return fp4d_env_switch("FP4DOCTOR_CUDA_QUANT_B1");
 }
 
 extern "C" int fp4d_cuda_quantize_nvfp4(int src_type, const void *src, int64_t rows, int64_t cols, float encode_scale,
