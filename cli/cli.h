@@ -70,6 +70,22 @@ int cli_parse_help_only(int argc, char **argv, void (*usage)(FILE *));
  * the previous action, to put back with sigaction(SIGINT, old, NULL). */
 void cli_catch_sigint(void (*handler)(int), struct sigaction *old);
 
+/* Whether two output paths ("-" is stdout) name one destination: the same text, one existing
+ * file under two names (links, "./x", /dev/stdout for "-"), or one name yet to be made in one
+ * folder. Two reports written there lost the first in silence. */
+bool cli_same_destination(const char *a, const char *b);
+
+/* A usage error (message printed, FP4D_EXIT_USAGE returned) when report path `path` of option
+ * `opt` is one of the plugin libraries this run loads (`plugins`, then FP4DOCTOR_PLUGINS): the
+ * report would replace the library. FP4D_EXIT_OK otherwise. */
+int cli_refuse_plugin_output(const char *cmd, const char *opt, const char *path, const char *const *plugins,
+                             size_t num_plugins);
+
+/* After fp4d_registry_init returned `st` (a plugin that cannot be loaded, from --plugin or
+ * FP4DOCTOR_PLUGINS): prints its message and returns the exit code, FP4D_EXIT_INPUT (an input
+ * that could not be read) but FP4D_EXIT_INTERNAL when out of memory or internal. */
+int cli_registry_failed(const char *cmd, fp4d_status st);
+
 /* Report files of --json FILE|- style options. cli_open_output: "-" is stdout; a new file or a
  * plain one (one link) is written to a temporary file beside it, anything else in place (see
  * cli_util.c); NULL on failure (message printed).

@@ -131,6 +131,60 @@ static void forget_pending(pending_output *p)
     memset(p, 0, sizeof *p);
 }
 
+/* The identity of an output path: an existing file's device and inode (stdout's for "-"), or -
+ * for a name not made yet - its folder's, with *leaf set to the name in that folder. */
+static bool destination_identity(const char *path, struct stat *id, const char **leaf)
+{
+    *leaf = NULL;
+    if (!strcmp(path, "-")) return fstat(STDOUT_FILENO, id) == 0;
+    if (stat(path, id) == 0) return true;
+    if (errno != ENOENT) return false;
+    const char *slash = strrchr(path, '/');
+    if (slash && !slash[1]) return false; /* "dir/" of a missing dir: no file will be made there */
+    char *folder = slash ? strndup(path, slash == path ? 1 : (size_t)(slash - path)) : strdup(".");
+    const bool ok = folder && stat(folder, id) == 0;
+    free(folder);
+    *leaf = slash ? slash + 1 : path;
+    return ok;
+}
+
+bool cli_same_destination(const char *a, const char *b)
+{
+    if (!strcmp(a, b)) return true;
+    struct stat ia, ib;
+    const char *leaf_a, *leaf_b;
+    if (!destination_identity(a, &ia, &leaf_a) || !destination_identity(b, &ib, &leaf_b)) return false;
+    if (ia.st_dev != ib.st_dev || ia.st_ino != ib.st_ino) return false;
+    if (!leaf_a && !leaf_b) return true;
+    return leaf_a && leaf_b && !strcmp(leaf_a, leaf_b);
+}
+
+int cli_refuse_plugin_output(const char *cmd, const char *opt, const char *path, const char *const *plugins,
+                             size_t num_plugins)
+{
+    if (!strcmp(path, "-")) return FP4D_EXIT_OK;
+    for (size_t i = 0; i < num_plugins; i++)
+        if (cli_same_destination(path, plugins[i]))
+            return cli_fail(FP4D_EXIT_USAGE, cmd, "%s '%s' is the plugin '%s': the report would replace it", opt, path,
+                            plugins[i]);
+    const char *env = getenv("FP4DOCTOR_PLUGINS");
+    char *list = env && *env ? strdup(env) : NULL;
+    int rc = FP4D_EXIT_OK;
+    for (char *save = NULL, *p = list ? strtok_r(list, ":", &save) : NULL; p && rc == FP4D_EXIT_OK;
+         p = strtok_r(NULL, ":", &save))
+        if (cli_same_destination(path, p))
+            rc = cli_fail(FP4D_EXIT_USAGE, cmd, "%s '%s' is the plugin '%s' (FP4DOCTOR_PLUGINS): the report would replace it",
+                          opt, path, p);
+    free(list);
+    return rc;
+}
+
+int cli_registry_failed(const char *cmd, fp4d_status st)
+{
+    return cli_fail(st == FP4D_STATUS_NOMEM || st == FP4D_STATUS_INTERNAL ? FP4D_EXIT_INTERNAL : FP4D_EXIT_INPUT, cmd,
+                    "%s", fp4d_last_error());
+}
+
 FILE *cli_open_output(const char *cmd, const char *path)
 {
     if (!strcmp(path, "-")) {

@@ -127,9 +127,8 @@ int cmd_backends(int argc, char **argv)
             plugins[nplugins++] = v;
         } else if (!strcmp(a, "--device") || !strncmp(a, "--device=", 9)) {
             const char *v = a[8] == '=' ? a + 9 : (i + 1 < argc ? argv[++i] : NULL);
-            char       *end = NULL;
-            long        d   = v ? strtol(v, &end, 10) : -1;
-            if (!v || !*v || *end || d < 0 || d > 1023) {
+            uint64_t    d;
+            if (!v || !cli_parse_u64(v, &d) || d > 1023) {
                 free(plugins);
                 return cli_fail(FP4D_EXIT_USAGE, cmd, "--device needs a GPU index >= 0 (see --help)");
             }
@@ -143,11 +142,7 @@ int cmd_backends(int argc, char **argv)
     fp4d_registry_options ro = {include_faulty, plugins, nplugins};
     fp4d_status           st = fp4d_registry_init(&ro);
     free(plugins);
-    if (st != FP4D_STATUS_OK) {
-        /* A plugin that cannot be loaded is an input we could not read. */
-        return cli_fail(st == FP4D_STATUS_NOMEM || st == FP4D_STATUS_INTERNAL ? FP4D_EXIT_INTERNAL : FP4D_EXIT_INPUT,
-                        cmd, "%s", fp4d_last_error());
-    }
+    if (st != FP4D_STATUS_OK) return cli_registry_failed(cmd, st);
 
     size_t       n    = fp4d_registry_count();
     backend_row *rows = calloc(n ? n : 1, sizeof *rows);

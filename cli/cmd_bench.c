@@ -570,8 +570,8 @@ int cmd_bench(int argc, char **argv)
         parse_int_list("1,16", o.tokens, &o.num_tokens, bad, sizeof bad);
         if (o.repeats > 5) o.repeats = 5;
     }
-    if (fp4d_registry_init(NULL) != FP4D_STATUS_OK)
-        return cli_fail(FP4D_EXIT_INTERNAL, cmd, "backend registry: %s", fp4d_last_error());
+    const fp4d_status registry_status = fp4d_registry_init(NULL);
+    if (registry_status != FP4D_STATUS_OK) return cli_registry_failed(cmd, registry_status);
 
     fp4d_cuda_info ci;
     fp4d_cuda_query(&ci);
@@ -597,6 +597,13 @@ int cmd_bench(int argc, char **argv)
     struct sigaction old_sa;
     cli_catch_sigint(on_sigint, &old_sa);
     FILE *jf = NULL;
+    if (o.json_path) {
+        const int refused = cli_refuse_plugin_output(cmd, "--json", o.json_path, NULL, 0);
+        if (refused != FP4D_EXIT_OK) {
+            sigaction(SIGINT, &old_sa, NULL);
+            return refused;
+        }
+    }
     if (o.json_path && !(jf = cli_open_output(cmd, o.json_path))) {
         sigaction(SIGINT, &old_sa, NULL);
         return FP4D_EXIT_INPUT;

@@ -142,15 +142,20 @@ int cmd_check(int argc, char **argv)
         }
     }
     /* Two reports into one destination: on stdout ("-") they came out interleaved, neither
-     * valid JSON nor XML, with exit 0; into one file the last rename won in silence. */
+     * valid JSON nor XML, with exit 0; into one file the last rename won in silence. By file,
+     * not by text: "r.json" and "./r.json", "-" and /dev/stdout are one destination. */
     const char *report_opt[3] = {"--json", "--junit", "--html"}, *report_path[3] = {json_path, junit_path, html_path};
-    for (int a = 0; a < 3; a++)
+    for (int a = 0; a < 3; a++) {
+        if (!report_path[a]) continue;
         for (int b = a + 1; b < 3; b++)
-            if (report_path[a] && report_path[b] && !strcmp(report_path[a], report_path[b])) {
-                rc = cli_fail(FP4D_EXIT_USAGE, cmd, "%s and %s both write '%s': give each report its own file",
-                              report_opt[a], report_opt[b], report_path[a]);
+            if (report_path[b] && cli_same_destination(report_path[a], report_path[b])) {
+                rc = cli_fail(FP4D_EXIT_USAGE, cmd, "%s '%s' and %s '%s' are one file: give each report its own file",
+                              report_opt[a], report_path[a], report_opt[b], report_path[b]);
                 goto out;
             }
+        rc = cli_refuse_plugin_output(cmd, report_opt[a], report_path[a], plugins, opt.num_plugins);
+        if (rc != FP4D_EXIT_OK) goto out;
+    }
     opt.plugins = plugins;
     opt.case_filter = filters;
     opt.self_exe = "/proc/self/exe";
@@ -183,8 +188,9 @@ int cmd_check(int argc, char **argv)
 
     /* Load plugins and check backend names here, so that a typo is a usage error. */
     fp4d_registry_options ro = {opt.include_faulty, plugins, opt.num_plugins};
-    if (fp4d_registry_init(&ro) != FP4D_STATUS_OK) {
-        rc = cli_fail(FP4D_EXIT_INPUT, cmd, "%s", fp4d_last_error());
+    const fp4d_status registry_status = fp4d_registry_init(&ro);
+    if (registry_status != FP4D_STATUS_OK) {
+        rc = cli_registry_failed(cmd, registry_status);
         goto out;
     }
     if (backend_list) {

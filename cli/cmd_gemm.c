@@ -102,7 +102,10 @@ static void gemm_usage(FILE *f)
 /* *backend may be "auto": it is replaced by the backend `auto` chose (backend.h). */
 static int run_backend(const char *cmd, const char **backend_io, int device, const fp4d_gemm_problem *p)
 {
+    /* a plugin that cannot be loaded fails the command, as in check and bench: a GEMM on a
+     * built-in backend while FP4DOCTOR_PLUGINS names a broken library hid that mistake */
     fp4d_status s = fp4d_registry_init(NULL);
+    if (s != FP4D_STATUS_OK) return cli_registry_failed(cmd, s);
     if (!strcmp(*backend_io, "auto")) {
         fp4d_gemm_desc d;
         fp4d_reason why = {{0}};
@@ -112,8 +115,6 @@ static int run_backend(const char *cmd, const char **backend_io, int device, con
                             why.text[0] ? why.text : fp4d_last_error());
     }
     const char *backend = *backend_io;
-    if (s != FP4D_STATUS_OK && !fp4d_registry_find(backend))
-        return cli_fail(FP4D_EXIT_INTERNAL, cmd, "backend registry: %s", fp4d_last_error());
     if (!fp4d_registry_find(backend)) {
         char names[1024] = "";
         size_t used = 0;

@@ -73,11 +73,8 @@ static void on_sigint(int sig)
 
 static bool parse_uint(const char *s, unsigned min, unsigned max, unsigned *out)
 {
-    if (!s || !*s || *s == '-' || *s == '+') return false;
-    errno = 0;
-    char *end;
-    unsigned long v = strtoul(s, &end, 10);
-    if (errno || *end || v < min || v > max) return false;
+    uint64_t v; /* digits only: strtoul took " 2" */
+    if (!cli_parse_u64(s, &v) || v < min || v > max) return false;
     *out = (unsigned)v;
     return true;
 }

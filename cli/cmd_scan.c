@@ -82,11 +82,9 @@ int cmd_scan(int argc, char **argv)
             if (++i >= argc) return cli_fail(FP4D_EXIT_USAGE, cmd, "--json needs FILE or -");
             json_path = argv[i];
         } else if (!strcmp(a, "--threads")) {
-            char *end;
             if (++i >= argc) return cli_fail(FP4D_EXIT_USAGE, cmd, "--threads needs a number");
-            errno = 0;
-            long n = strtol(argv[i], &end, 10);
-            if (errno || *end || n < 1 || n > 1024)
+            uint64_t n;
+            if (!cli_parse_u64(argv[i], &n) || n < 1 || n > 1024)
                 return cli_fail(FP4D_EXIT_USAGE, cmd, "--threads: '%s' is not a number in 1..1024", argv[i]);
             opt.threads = (int)n;
         } else if (a[0] == '-' && a[1]) {

@@ -390,6 +390,11 @@ static void test_bad_input_exit_codes(void **state)
                              path_of("g_q.safetensors")),
                      2); /* OUT is an input */
     assert_int_equal(run_cli("verify '%s:a' '%s:b'", in, in), 2);
+    /* numbers are digits only (cli.md): strtol took "+1" and " 8" */
+    assert_int_equal(run_cli("scan --threads +1 '%s'", in), 2);
+    assert_int_equal(run_cli("scan --threads ' 8' '%s'", in), 2);
+    assert_int_equal(run_cli("backends --device ' 1'"), 2);
+    assert_int_equal(run_cli("backends --device +0"), 2);
 
     /* unreadable / invalid input */
     assert_int_equal(run_cli("quantize '%s' '%s'", path_of("missing.safetensors"), path_of("x.safetensors")), 3);

@@ -45,29 +45,94 @@ static void test_env_digits_are_strict(void **state)
         }
 }
 
+/* stderr into a temporary file between capture_begin and capture_end, which returns what was
+ * printed (at most `cap` - 1 bytes) in `printed` */
+typedef struct stderr_capture {
+    FILE *file;
+    int   saved;
+} stderr_capture;
+
+static stderr_capture capture_begin(void)
+{
+    stderr_capture c = {tmpfile(), -1};
+    assert_non_null(c.file);
+    fflush(stderr);
+    c.saved = dup(2);
+    assert_true(c.saved >= 0);
+    assert_int_equal(dup2(fileno(c.file), 2), 2);
+    return c;
+}
+
+static void capture_end(stderr_capture c, char *printed, size_t cap)
+{
+    fflush(stderr);
+    assert_int_equal(dup2(c.saved, 2), 2);
+    close(c.saved);
+    rewind(c.file);
+    const size_t n = fread(printed, 1, cap - 1, c.file);
+    printed[n] = '\0';
+    fclose(c.file);
+}
+
+static void set_or_unset(const char *name, const char *value)
+{
+    if (value) setenv(name, value, 1);
+    else unsetenv(name);
+}
+
 /* Reads `name` = `value` through fp4d_env_knob with stderr captured: the value, and what
  * was printed (at most `cap` - 1 bytes) into `printed`. */
 static long knob_with_stderr(const char *name, const char *value, long lo, long hi, long fallback, char *printed,
                              size_t cap)
 {
-    if (value) setenv(name, value, 1);
-    else unsetenv(name);
-    FILE *capture = tmpfile();
-    assert_non_null(capture);
-    fflush(stderr);
-    const int saved = dup(2);
-    assert_true(saved >= 0);
-    assert_int_equal(dup2(fileno(capture), 2), 2);
+    set_or_unset(name, value);
+    const stderr_capture c = capture_begin();
     const long v = fp4d_env_knob(name, lo, hi, fallback);
-    fflush(stderr);
-    assert_int_equal(dup2(saved, 2), 2);
-    close(saved);
-    rewind(capture);
-    const size_t n = fread(printed, 1, cap - 1, capture);
-    printed[n] = '\0';
-    fclose(capture);
+    capture_end(c, printed, cap);
     unsetenv(name);
     return v;
+}
+
+/* The same through fp4d_env_positive (at most 100, fallback 1). */
+static double positive_with_stderr(const char *name, const char *value, char *printed, size_t cap)
+{
+    set_or_unset(name, value);
+    const stderr_capture c = capture_begin();
+    const double v = fp4d_env_positive(name, 100.0, 1.0);
+    capture_end(c, printed, cap);
+    unsetenv(name);
+    return v;
+}
+
+/* Multipliers (FP4DOCTOR_TIMEOUT_SCALE): a positive number, written whole, or the fallback with
+ * the one warning. strtod alone read "2x" as 2 and "0", "-1", "nan" became 1 without a word. */
+static void test_env_positive_numbers(void **state)
+{
+    (void)state;
+    char out[512];
+    assert_true(positive_with_stderr("FP4D_TEST_POS_A", NULL, out, sizeof out) == 1.0);
+    assert_string_equal(out, "");
+    assert_true(positive_with_stderr("FP4D_TEST_POS_A", "60", out, sizeof out) == 60.0);
+    assert_true(positive_with_stderr("FP4D_TEST_POS_A", "0.5", out, sizeof out) == 0.5);
+    assert_true(positive_with_stderr("FP4D_TEST_POS_A", ".25", out, sizeof out) == 0.25);
+    assert_true(positive_with_stderr("FP4D_TEST_POS_A", "1e2", out, sizeof out) == 100.0);
+    assert_string_equal(out, "");
+    assert_true(positive_with_stderr("FP4D_TEST_POS_A", "2x", out, sizeof out) == 1.0);
+    assert_non_null(strstr(out, "FP4D_TEST_POS_A=2x"));
+    assert_non_null(strstr(out, "using 1"));
+    const char *refused[] = {"0", "-1", " 2", "+2", "nan", "inf", "1e3", "abc", "0x"};
+    for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++)
+        assert_true(positive_with_stderr("FP4D_TEST_POS_B", refused[i], out, sizeof out) == 1.0);
+    /* on/off switches: on unless 0 */
+    setenv("FP4D_TEST_SWITCH", "0", 1);
+    assert_int_equal(fp4d_env_switch("FP4D_TEST_SWITCH"), 0);
+    setenv("FP4D_TEST_SWITCH", "off", 1);
+    stderr_capture c = capture_begin();
+    assert_int_equal(fp4d_env_switch("FP4D_TEST_SWITCH"), 1);
+    capture_end(c, out, sizeof out);
+    assert_non_null(strstr(out, "FP4D_TEST_SWITCH=off"));
+    unsetenv("FP4D_TEST_SWITCH");
+    assert_int_equal(fp4d_env_switch("FP4D_TEST_SWITCH"), 1);
 }
 
 /* Tuning switches (FP4DOCTOR_CUDA_*, FP4DOCTOR_THREADS, ...): digits within the range, or the
@@ -150,6 +215,7 @@ int main(void)
         cmocka_unit_test(test_status_numbers_are_stable),
         cmocka_unit_test(test_env_digits_are_strict),
         cmocka_unit_test(test_env_knobs_warn_once_and_fall_back),
+        cmocka_unit_test(test_env_positive_numbers),
         cmocka_unit_test(test_last_error_is_set_by_guards),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

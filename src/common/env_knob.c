@@ -29,24 +29,45 @@ static int first_warning(const char *name)
     return 1;
 }
 
+/* The one warning per variable: `expected` says what would have been taken, `using` what is */
+static void warn_ignored(const char *name, const char *text, const char *expected, const char *using)
+{
+    if (!first_warning(name)) return;
+    /* the value is the user's own text: printed cleaned and cut short, never as is */
+    char shown[40];
+    snprintf(shown, sizeof shown, "%s", text);
+    fp4d_text_clean(shown);
+    fprintf(stderr, "fp4doctor: ignoring %s=%s%s (expected %s); %s\n", name, shown,
+            strlen(text) >= sizeof shown ? "..." : "", expected, using);
+}
+
 long fp4d_env_knob(const char *name, long lo, long hi, long fallback)
 {
     const char *text = getenv(name);
     if (!text || !*text) return fallback;
     const long v = fp4d_env_digits(text, hi);
     if (v >= lo && v <= hi) return v;
-    if (first_warning(name)) {
-        /* the value is the user's own text: printed cleaned and cut short, never as is */
-        char shown[40];
-        snprintf(shown, sizeof shown, "%s", text);
-        fp4d_text_clean(shown);
-        /* a fallback outside the range is a "decide for me" marker, not a value to name */
-        char using[48];
-        if (fallback >= lo && fallback <= hi) snprintf(using, sizeof using, "using %ld", fallback);
-        else snprintf(using, sizeof using, "using the default");
-        fprintf(stderr, "fp4doctor: ignoring %s=%s%s (expected a whole number from %ld to %ld); %s\n", name, shown,
-                strlen(text) >= sizeof shown ? "..." : "", lo, hi, using);
-    }
+    char expected[80], using[48];
+    snprintf(expected, sizeof expected, "a whole number from %ld to %ld", lo, hi);
+    /* a fallback outside the range is a "decide for me" marker, not a value to name */
+    if (fallback >= lo && fallback <= hi) snprintf(using, sizeof using, "using %ld", fallback);
+    else snprintf(using, sizeof using, "using the default");
+    warn_ignored(name, text, expected, using);
+    return fallback;
+}
+
+double fp4d_env_positive(const char *name, double hi, double fallback)
+{
+    const char *text = getenv(name);
+    if (!text || !*text) return fallback;
+    /* strtod alone took " 2", "2x" (as 2) and "nan"; a number starts with a digit or a point */
+    char *end;
+    const double v = (text[0] >= '0' && text[0] <= '9') || text[0] == '.' ? strtod(text, &end) : -1.0;
+    if (v > 0.0 && v <= hi && *end == '\0') return v;
+    char expected[80], using[48];
+    snprintf(expected, sizeof expected, "a number above 0, at most %g", hi);
+    snprintf(using, sizeof using, "using %g", fallback);
+    warn_ignored(name, text, expected, using);
     return fallback;
 }
 

@@ -16,6 +16,11 @@ extern "C" {
  * lock is taken. */
 long fp4d_env_knob(const char *name, long lo, long hi, long fallback);
 
+/* A positive real number (digits with an optional point and exponent: "60", "0.5", "1e3")
+ * at most `hi`, read as strictly as fp4d_env_knob: anything else gives `fallback` and the one
+ * warning. For multipliers such as FP4DOCTOR_TIMEOUT_SCALE. */
+double fp4d_env_positive(const char *name, double hi, double fallback);
+
 /* An on/off switch for A/B timing and tests (FP4DOCTOR_CUDA_WA, ...): on unless the variable
  * is 0. Read by fp4d_env_knob over [0, 1], so "off" or "2" keeps it on, with the warning. */
 int fp4d_env_switch(const char *name);

@@ -106,6 +106,8 @@ static void test_usage_errors(void **state)
         {NULL},                                                  /* no URL */
         {"http://127.0.0.1:1", "--bogus", NULL},
         {"http://127.0.0.1:1", "--concurrency", "0", NULL},
+        {"http://127.0.0.1:1", "--concurrency", " 2", NULL}, /* strtoul skipped the space */
+        {"http://127.0.0.1:1", "--rounds", "+1", NULL},
         {"http://127.0.0.1:1", "--rounds", "x", NULL},
         {"http://127.0.0.1:1", "--timeout", "-1", NULL},
         {"http://127.0.0.1:1", "--api", "responses", NULL},

@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "fp4doctor/doctor.h"
+#include "fp4doctor/io.h"
 #include "test_util.h"
 
 static const char *bin(void)
@@ -352,7 +353,26 @@ static void test_two_reports_one_destination_is_a_usage_error(void **state)
     snprintf(path, sizeof path, "%s/err.txt", dir);
     char *e = tu_slurp(path, NULL);
     assert_non_null(e);
-    assert_non_null(strstr(e, "--json and --junit both write '-'"));
+    assert_non_null(strstr(e, "--json '-' and --junit '-' are one file"));
+    free(e);
+    /* one file under two names: by text these differed, and the second report replaced the
+     * first with exit 0 (a file not made yet, one that exists, a link to it, stdout) */
+    const char *same_pairs[][2] = {{"r.json", "./r.json"}, {"-", "/proc/self/fd/1"}};
+    for (size_t i = 0; i < sizeof same_pairs / sizeof same_pairs[0]; i++)
+        assert_int_equal(run("cd '%s' && '%s' check --suite quick --backend ref --case m1.n192 --no-cache --json '%s' "
+                             "--junit '%s' >out.txt 2>/dev/null",
+                             dir, bin(), same_pairs[i][0], same_pairs[i][1]),
+                         2);
+    snprintf(path, sizeof path, "%s/r.json", dir);
+    assert_int_not_equal(stat(path, &st), 0);
+    assert_int_equal(run("cd '%s' && echo old >kept.json && ln -s kept.json link.json && '%s' check --suite quick "
+                         "--backend ref --case m1.n192 --no-cache --json link.json --html kept.json >/dev/null 2>&1",
+                         dir, bin()),
+                     2);
+    snprintf(path, sizeof path, "%s/kept.json", dir);
+    e = tu_slurp(path, NULL);
+    assert_non_null(e);
+    assert_string_equal(e, "old\n");
     free(e);
     /* distinct files still work, the JSON on stdout alone */
     assert_int_equal(run("cd '%s' && '%s' check --suite quick --backend ref --case m1.n192 --no-cache --json - --junit r.xml "
@@ -367,6 +387,68 @@ static void test_two_reports_one_destination_is_a_usage_error(void **state)
     drop(dir);
 }
 
+/* A report path naming a plugin library the run loads (--plugin, FP4DOCTOR_PLUGINS) replaced the
+ * library with the report, exit 0. Now a usage error, and the library is left as it was. */
+static void test_report_never_replaces_a_plugin(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/fp4d_reportsXXXXXX";
+    scratch(dir);
+    assert_int_equal(run("cp '%s' '%s/p.so'", FP4D_HOSTILE_PLUGIN, dir), 0);
+    const char *report_opts[] = {"--json", "--junit", "--html"};
+    for (size_t i = 0; i < 3; i++)
+        assert_int_equal(run("cd '%s' && '%s' check --suite quick --plugin ./p.so --backend ref --case m1.n192 --no-cache "
+                             "%s p.so >/dev/null 2>err.txt",
+                             dir, bin(), report_opts[i]),
+                         2);
+    assert_int_equal(run("cd '%s' && FP4DOCTOR_PLUGINS=\"$PWD/p.so\" '%s' check --suite quick --backend ref --case m1.n192 "
+                         "--no-cache --json ./p.so >/dev/null 2>err.txt",
+                         dir, bin()),
+                     2);
+    assert_int_equal(run("cd '%s' && FP4DOCTOR_PLUGINS=\"$PWD/p.so\" '%s' bench --backend cpu --shapes 64x64 --m 1 "
+                         "--no-moe --no-quantize --repeats 1 --json p.so >/dev/null 2>err.txt",
+                         dir, bin()),
+                     2);
+    assert_true(tu_output_contains(dir, "err.txt", "the report would replace it"));
+    assert_int_equal(run("cmp '%s' '%s/p.so'", FP4D_HOSTILE_PLUGIN, dir), 0);
+    drop(dir);
+}
+
+/* A plugin that cannot be loaded is an unreadable input (exit 3) for every command that loads
+ * plugins; gemm ran on a built-in backend with exit 0, bench said "internal error" (4). */
+static void test_unloadable_plugin_is_unreadable_input(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/fp4d_reportsXXXXXX";
+    scratch(dir);
+    /* operands for gemm: a [2, 32] f32 tensor, and it quantized */
+    float a[2 * 32];
+    for (int i = 0; i < 2 * 32; i++) a[i] = (float)(i % 7) - 3.0f;
+    fp4d_st_writer *w = fp4d_st_writer_new();
+    assert_non_null(w);
+    const int64_t shape[2] = {2, 32};
+    assert_int_equal(fp4d_st_writer_add(w, "a", FP4D_ST_F32, 2, shape, a, sizeof a), FP4D_STATUS_OK);
+    char path[600];
+    snprintf(path, sizeof path, "%s/in.safetensors", dir);
+    assert_int_equal(fp4d_st_writer_save(w, path), FP4D_STATUS_OK);
+    fp4d_st_writer_free(w);
+    assert_int_equal(run("cd '%s' && '%s' quantize in.safetensors q.safetensors", dir, bin()), 0);
+    const char *gemm = "gemm --backend cpu in.safetensors:a q.safetensors:a out.safetensors";
+    assert_int_equal(run("cd '%s' && '%s' %s", dir, bin(), gemm), 0);
+    const char *commands[] = {
+        "backends",
+        "check --suite quick --backend ref --case m1.n192 --no-cache",
+        "bench --backend cpu --shapes 64x64 --m 1 --no-moe --no-quantize --repeats 1",
+        gemm,
+    };
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        assert_int_equal(run("cd '%s' && FP4DOCTOR_PLUGINS=/nonexistent/p.so '%s' %s >/dev/null 2>err.txt", dir, bin(),
+                             commands[i]),
+                         3);
+    assert_true(tu_output_contains(dir, "err.txt", "/nonexistent/p.so"));
+    drop(dir);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -377,6 +459,8 @@ int main(void)
         cmocka_unit_test(test_hostile_plugin_words_stay_text),
         cmocka_unit_test(test_bench_json_non_finite_numbers_are_null),
         cmocka_unit_test(test_two_reports_one_destination_is_a_usage_error),
+        cmocka_unit_test(test_report_never_replaces_a_plugin),
+        cmocka_unit_test(test_unloadable_plugin_is_unreadable_input),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
