@@ -564,6 +564,9 @@ int cmd_bench(int argc, char **argv)
             return cli_fail(FP4D_EXIT_USAGE, cmd, "unknown or incomplete option '%s' (see fp4doctor bench --help)", a);
         }
     }
+    /* all three off printed an empty table with exit 0, which a script reads as "timed" */
+    if (!o.dense && !o.moe && !o.quantize)
+        return cli_fail(FP4D_EXIT_USAGE, cmd, "--no-dense, --no-moe and --no-quantize together leave nothing to time");
     if (quick) {
         parse_shapes("4096x4096", &o, bad, sizeof bad);
         parse_int_list("1,16,128", o.ms, &o.num_ms, bad, sizeof bad);
@@ -579,13 +582,18 @@ int cmd_bench(int argc, char **argv)
     o.num_backends = split_list(backend_buf, o.backends, MAX_LIST);
     if (o.num_backends < 0)
         return cli_fail(FP4D_EXIT_USAGE, cmd, "--backend takes up to %d comma-separated backend names", MAX_LIST);
-    for (int b = 0; b < o.num_backends; b++)
+    for (int b = 0; b < o.num_backends; b++) {
         if (!fp4d_registry_find(o.backends[b])) return cli_fail(FP4D_EXIT_USAGE, cmd, "unknown backend '%s' (see fp4doctor backends)", o.backends[b]);
+        for (int prev = 0; prev < b; prev++)
+            if (!strcmp(o.backends[prev], o.backends[b]))
+                return cli_fail(FP4D_EXIT_USAGE, cmd, "--backend names '%s' twice", o.backends[b]);
+    }
     if (!backends_given && ci.device_count == 0) {
         fprintf(stderr, "fp4doctor bench: no GPU (%s); timing the cpu backend on decode shapes only\n", ci.error);
         parse_shapes("4096x4096", &o, bad, sizeof bad);
         parse_int_list("1,16", o.ms, &o.num_ms, bad, sizeof bad);
         o.moe = o.quantize = false;
+        if (!o.dense) return cli_fail(FP4D_EXIT_USAGE, cmd, "with no GPU only dense GEMMs are timed, and --no-dense leaves them out");
     }
     int dev_first = o.device < 0 ? 0 : o.device, dev_last = o.device < 0 ? ci.device_count - 1 : o.device;
     if (o.device < 0 && ci.device_count == 0) dev_first = dev_last = -1; /* host only */

@@ -219,6 +219,13 @@ int cmd_check(int argc, char **argv)
                 free(copy);
                 goto out;
             }
+            /* each backend once: a name given twice ran its cases twice and printed two rows */
+            for (size_t k = 0; k < n; k++)
+                if (!strcmp(names[k], tok)) {
+                    rc = cli_fail(FP4D_EXIT_USAGE, cmd, "--backend names '%s' twice", tok);
+                    free(copy);
+                    goto out;
+                }
             names[n++] = strdup(tok);
         }
         free(copy);

@@ -395,6 +395,12 @@ static void test_bad_input_exit_codes(void **state)
     assert_int_equal(run_cli("scan --threads ' 8' '%s'", in), 2);
     assert_int_equal(run_cli("backends --device ' 1'"), 2);
     assert_int_equal(run_cli("backends --device +0"), 2);
+    /* a backend named twice ran (check) or was timed (bench) twice; bench with nothing to time
+     * printed an empty table with exit 0 */
+    assert_int_equal(run_cli("check --backend ref,cpu,ref --suite quick --no-cache"), 2);
+    assert_true(output_contains("stderr.txt", "'ref' twice"));
+    assert_int_equal(run_cli("bench --backend cpu,cpu --shapes 64x64 --m 1 --no-moe --no-quantize"), 2);
+    assert_int_equal(run_cli("bench --no-dense --no-moe --no-quantize"), 2);
 
     /* unreadable / invalid input */
     assert_int_equal(run_cli("quantize '%s' '%s'", path_of("missing.safetensors"), path_of("x.safetensors")), 3);
