@@ -274,6 +274,86 @@ static void test_out_is_in_and_perturbed_verify(void **state)
     assert_true(output_contains("stdout.txt", "max error 1 ulps at [1, 2]"));
 }
 
+static mode_t mode_of(const char *path)
+{
+    struct stat sb;
+    assert_int_equal(stat(path, &sb), 0);
+    return sb.st_mode & 07777;
+}
+
+/* quantize's OUT (the safetensors writer's output, as dequantize's and gemm's) gets what a
+ * report file gets (cli_open_output): 0666 less the umask when new, its own permissions when it
+ * exists, and a read-only OUT is refused (exit 3) and left as it was. Every OUT was 0644: under
+ * umask 077 too, an 0600 OUT became world-readable, and a 0444 OUT, even another user's, was
+ * replaced with exit 0 (renaming needs only the folder writable). Root may write anything,
+ * so as root that last run is made as nobody, with the folder opened to all for the while. */
+static void test_out_permissions(void **state)
+{
+    (void)state;
+    float v[4 * 32];
+    for (int i = 0; i < 4 * 32; i++) v[i] = (float)(i % 5) - 2.0f;
+    fp4d_st_writer *w = fp4d_st_writer_new();
+    int64_t s[2] = {4, 32};
+    assert_int_equal(fp4d_st_writer_add(w, "a", FP4D_ST_F32, 2, s, v, sizeof v), 0);
+    save_file(w, "p_in.safetensors", NULL, NULL);
+    assert_int_equal(chmod(path_of("p_in.safetensors"), 0644), 0);
+    char in[512], out[512];
+    snprintf(in, sizeof in, "%s", path_of("p_in.safetensors"));
+    snprintf(out, sizeof out, "%s", path_of("p_out.safetensors"));
+
+    assert_int_equal(run_with("umask 077;", "quantize '%s' '%s'", in, out), 0);
+    assert_int_equal(mode_of(out), 0600);
+    assert_int_equal(run_with("umask 022;", "quantize '%s' '%s'", in, out), 0);
+    assert_int_equal(mode_of(out), 0600);
+    assert_int_equal(run_with("umask 022;", "dequantize '%s' '%s'", out, path_of("p_deq.safetensors")), 0);
+    assert_int_equal(mode_of(path_of("p_deq.safetensors")), 0644);
+
+    assert_int_equal(chmod(out, 0444), 0);
+    size_t before_len = 0, after_len = 0;
+    char *before = tu_slurp(out, &before_len);
+    assert_non_null(before);
+    int rc;
+    if (geteuid() != 0) {
+        rc = run_cli("quantize '%s' '%s'", in, out);
+    } else {
+        struct stat ds;
+        assert_int_equal(stat(dir, &ds), 0);
+        assert_int_equal(chmod(dir, 0777), 0);
+        unlink(path_of("stdout.txt")); /* root's: nobody's shell could not redirect into them */
+        unlink(path_of("stderr.txt"));
+        const pid_t pid = fork();
+        assert_true(pid >= 0);
+        if (pid == 0) {
+            if (setgid(65534) != 0 || setuid(65534) != 0) _exit(77);
+            _exit(run_cli("quantize '%s' '%s'", in, out));
+        }
+        int ws = 0;
+        assert_int_equal(waitpid(pid, &ws, 0), pid);
+        assert_int_equal(chmod(dir, ds.st_mode & 07777), 0);
+        assert_true(WIFEXITED(ws));
+        rc = WEXITSTATUS(ws);
+        if (rc == 77) {
+            free(before);
+            skip(); /* cannot become another user here */
+        }
+    }
+    assert_int_equal(rc, 3);
+    assert_true(output_contains("stderr.txt", "cannot write"));
+    char *after = tu_slurp(out, &after_len);
+    assert_non_null(after);
+    assert_int_equal(after_len, before_len);
+    assert_memory_equal(after, before, before_len);
+    assert_int_equal(mode_of(out), 0444);
+    free(after);
+    free(before);
+    /* no temporary file left beside it */
+    DIR *d = opendir(dir);
+    assert_non_null(d);
+    for (struct dirent *e; (e = readdir(d));)
+        if (strstr(e->d_name, ".tmp-")) fail_msg("left behind: %s", e->d_name);
+    closedir(d);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -283,6 +363,7 @@ int main(void)
         cmocka_unit_test(test_empty_quantized_tensor_message),
         cmocka_unit_test(test_empty_out_is_usage_error),
         cmocka_unit_test(test_out_is_in_and_perturbed_verify),
+        cmocka_unit_test(test_out_permissions),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -2,8 +2,10 @@
  * `fp4doctor replay` and `fp4doctor bench` run as a user runs them (the built binary,
  * $FP4DOCTOR_BIN) on checkpoints written here with the generator: bad --backend lists, names
  * that are not a layer, a layer whose block scales are NaN, the reference's time limit on
- * large layers; bench's host timing of shapes too large for memory, its text (figures and the
- * anchor of the ratios) and Ctrl-C in the middle of a run.
+ * large layers, which files of a checkpoint are read (the index's shards, a stale copy beside
+ * them, shards that cannot be read), a plugin that cannot be loaded; bench's host timing of
+ * shapes too large for memory, its text (figures and the anchor of the ratios) and Ctrl-C in
+ * the middle of a run.
  */
 #include <dirent.h>
 #include <errno.h>
@@ -47,15 +49,82 @@ static size_t output_size(const char *which)
     return s ? n : 0;
 }
 
-static void generate(const char *name, fp4d_ckpt_format format, int32_t experts, const fp4d_ckpt_plant *plant)
+/* shards: 0 for the generator's default (2, with an index) */
+static void generate_shards(const char *name, fp4d_ckpt_format format, int32_t experts, const fp4d_ckpt_plant *plant,
+                            int32_t shards)
 {
     fp4d_ckpt_gen_params p;
     fp4d_ckpt_gen_defaults(&p, format);
     p.layers = 1;
     if (experts) p.experts = experts;
+    if (shards) p.shards = shards;
     p.plants = plant;
     p.num_plants = plant ? 1 : 0;
     assert_int_equal(fp4d_ckpt_generate(path_of(name), &p), FP4D_STATUS_OK);
+}
+
+static void generate(const char *name, fp4d_ckpt_format format, int32_t experts, const fp4d_ckpt_plant *plant)
+{
+    generate_shards(name, format, experts, plant, 0);
+}
+
+/* A ModelOpt checkpoint (two shards, indexed) with a stale consolidated.safetensors beside its
+ * shards holding every tensor again - the copy an earlier export left behind, which no loader
+ * reads; LAYER's block scales NaN in the shards (indexed_nan) or in the stale copy (stale_nan). */
+static void generate_with_stale_copy(const char *name, bool indexed_nan, bool stale_nan)
+{
+    const fp4d_ckpt_plant nan = {FP4D_DEFECT_SCALE_NAN, LAYER ".weight_scale", 3};
+    char stale_src[64];
+    snprintf(stale_src, sizeof stale_src, "%s.stale", name);
+    generate(name, FP4D_CKPT_MODELOPT_NVFP4, 0, indexed_nan ? &nan : NULL);
+    generate_shards(stale_src, FP4D_CKPT_MODELOPT_NVFP4, 0, stale_nan ? &nan : NULL, 1);
+    char from[512], to[512];
+    snprintf(from, sizeof from, "%s/model-00001-of-00001.safetensors", path_of(stale_src));
+    snprintf(to, sizeof to, "%s/consolidated.safetensors", path_of(name));
+    assert_int_equal(rename(from, to), 0);
+}
+
+/* Two copies of a one-shard ModelOpt checkpoint in one folder, model-00001-of-00001.safetensors
+ * and consolidated.safetensors, placed in that order; the index names the healthy one for
+ * every tensor, the other has LAYER's block scales NaN. Two such folders, the index naming one
+ * file in the first and the other file in the second, tell "follows the index" from "takes
+ * whichever file the directory lists first" whatever order the file system lists them in. */
+static void generate_two_copies(const char *name, bool index_names_consolidated)
+{
+    const fp4d_ckpt_plant nan = {FP4D_DEFECT_SCALE_NAN, LAYER ".weight_scale", 3};
+    char other[64];
+    snprintf(other, sizeof other, "%s.other", name);
+    generate_shards(name, FP4D_CKPT_MODELOPT_NVFP4, 0, index_names_consolidated ? &nan : NULL, 1);
+    generate_shards(other, FP4D_CKPT_MODELOPT_NVFP4, 0, index_names_consolidated ? NULL : &nan, 1);
+    char from[512], to[512];
+    snprintf(from, sizeof from, "%s/model-00001-of-00001.safetensors", path_of(other));
+    snprintf(to, sizeof to, "%s/consolidated.safetensors", path_of(name));
+    assert_int_equal(rename(from, to), 0);
+    if (!index_names_consolidated) return;
+    char index[512];
+    snprintf(index, sizeof index, "%s/model.safetensors.index.json", path_of(name));
+    json_t *root = json_load_file(index, 0, NULL);
+    json_t *map = json_object_get(root, "weight_map");
+    assert_true(json_object_size(map) > 0);
+    const char *tensor;
+    json_t *shard;
+    json_object_foreach(map, tensor, shard) assert_int_equal(json_string_set(shard, "consolidated.safetensors"), 0);
+    assert_int_equal(json_dump_file(root, index, 0), 0);
+    json_decref(root);
+}
+
+/* The shard the checkpoint's index names for tensor. */
+static const char *indexed_shard(const char *ckpt, const char *tensor)
+{
+    static char shard[256];
+    char index[512];
+    snprintf(index, sizeof index, "%s/model.safetensors.index.json", path_of(ckpt));
+    json_t *root = json_load_file(index, 0, NULL);
+    const char *s = json_string_value(json_object_get(json_object_get(root, "weight_map"), tensor));
+    assert_non_null(s);
+    snprintf(shard, sizeof shard, "%s", s);
+    json_decref(root);
+    return shard;
 }
 
 static int setup(void **state)
@@ -73,6 +142,28 @@ static int setup(void **state)
     generate("mxnan", FP4D_CKPT_GPTOSS_MXFP4, 1, &mxnan);
     const fp4d_ckpt_plant plain = {FP4D_DEFECT_UNQUANTIZE, LAYER ".weight", 0};
     generate("plain", FP4D_CKPT_MODELOPT_NVFP4, 0, &plain);
+    generate_two_copies("index_names_shard", false);
+    generate_two_copies("index_names_consolidated", true);
+    generate_with_stale_copy("stale_ok", true, false);
+    const fp4d_ckpt_plant cut = {FP4D_DEFECT_TRUNCATE_SHARD, LAYER ".weight_scale", 0};
+    generate("cut", FP4D_CKPT_MODELOPT_NVFP4, 0, &cut);
+    const fp4d_ckpt_plant gone = {FP4D_DEFECT_DELETE_SHARD, LAYER ".weight_scale", 0};
+    generate("gone", FP4D_CKPT_MODELOPT_NVFP4, 0, &gone);
+    const fp4d_ckpt_plant moved = {FP4D_DEFECT_INDEX_WRONG_FILE, LAYER ".weight_scale", 0};
+    generate("moved", FP4D_CKPT_MODELOPT_NVFP4, 0, &moved);
+    /* folders of files without an index: a stale copy beside the shards, the shards alone, the
+     * shards and a file that is no safetensors file */
+    generate_with_stale_copy("dup", false, true);
+    generate("unindexed", FP4D_CKPT_MODELOPT_NVFP4, 0, NULL);
+    generate("junk", FP4D_CKPT_MODELOPT_NVFP4, 0, NULL);
+    const char *no_index[] = {"dup", "unindexed", "junk"};
+    for (size_t i = 0; i < 3; i++) {
+        char index[512];
+        snprintf(index, sizeof index, "%s/model.safetensors.index.json", path_of(no_index[i]));
+        if (unlink(index)) return -1;
+    }
+    FILE *f = fopen(path_of("junk/extra.safetensors"), "w");
+    if (!f || fputs("junk", f) < 0 || fclose(f)) return -1;
     return 0;
 }
 
@@ -148,6 +239,80 @@ static void test_replay_layer_names(void **state)
                      3);
     assert_int_equal(run_cli("replay '%s' --layer model.layers.0.mlp.experts.0.down_proj --backend cpu", path_of("oss1")),
                      0);
+}
+
+/* With model.safetensors.index.json, replay reads what a loader reads: the shards the index
+ * names, each tensor from the shard the index names for it. It opened every .safetensors file
+ * and took the first holder in directory order, so a stale consolidated.safetensors with NaN
+ * block scales failed a healthy layer that scan passed, and a healthy stale copy hid a broken
+ * indexed shard. */
+static void test_replay_follows_the_index(void **state)
+{
+    (void)state;
+    assert_int_equal(run_cli("scan '%s'", path_of("index_names_shard")), 0); /* scan follows the index too */
+    assert_int_equal(run_cli("replay '%s' --layer " LAYER " --backend ref", path_of("index_names_shard")), 0);
+    assert_true(output_contains("stdout.txt", "PASS"));
+    assert_false(output_contains("stdout.txt", "NaN"));
+    assert_int_equal(run_cli("replay '%s' --layer " LAYER " --backend ref", path_of("index_names_consolidated")), 0);
+    assert_true(output_contains("stdout.txt", "PASS"));
+    assert_false(output_contains("stdout.txt", "NaN"));
+    /* the indexed shards are broken, the stale copy healthy: the broken ones are replayed */
+    assert_int_equal(run_cli("replay '%s' --layer " LAYER " --backend ref", path_of("stale_ok")), 1);
+    assert_true(output_contains("stdout.txt", "3 of 512 block scales are NaN"));
+    /* the stale file named as the checkpoint is one file: its own tensors are replayed */
+    assert_int_equal(run_cli("replay '%s/consolidated.safetensors' --layer " LAYER " --backend ref",
+                             path_of("index_names_shard")),
+                     1);
+    assert_true(output_contains("stdout.txt", "block scales are NaN"));
+}
+
+/* A shard the index names that cannot be read is an unreadable input (3) naming the file and
+ * why; it was dropped in silence and the layer in it reported as "no quantized layer". */
+static void test_replay_unreadable_indexed_shard(void **state)
+{
+    (void)state;
+    assert_int_equal(run_cli("replay '%s' --layer " LAYER " --backend ref", path_of("cut")), 3);
+    assert_true(output_contains("stderr.txt", indexed_shard("cut", LAYER ".weight_scale")));
+    assert_true(output_contains("stderr.txt", "TRUNCATED"));
+    assert_false(output_contains("stderr.txt", "no quantized layer"));
+    assert_int_equal(run_cli("replay '%s' --layer " LAYER " --backend ref", path_of("gone")), 3);
+    assert_true(output_contains("stderr.txt", indexed_shard("gone", LAYER ".weight_scale")));
+    assert_true(output_contains("stderr.txt", "No such file"));
+    assert_false(output_contains("stderr.txt", "no quantized layer"));
+    /* the index names a shard that does not hold the tensor: said, not "no such layer" (nor the
+     * copy in the other shard, which no loader reads, replayed) */
+    assert_int_equal(run_cli("replay '%s' --layer " LAYER " --backend ref", path_of("moved")), 3);
+    assert_true(output_contains("stderr.txt", "which does not hold it"));
+    assert_true(output_contains("stderr.txt", indexed_shard("moved", LAYER ".weight_scale")));
+}
+
+/* Without an index, a tensor in two files is refused (which copy a loader reads is not known),
+ * and a file that cannot be read is an error naming it (it could hold the layer); the first
+ * holder in directory order was replayed, and an unreadable file dropped. */
+static void test_replay_unindexed_files(void **state)
+{
+    (void)state;
+    assert_int_equal(run_cli("replay '%s' --layer " LAYER " --backend ref", path_of("dup")), 3);
+    assert_true(output_contains("stderr.txt", "consolidated.safetensors"));
+    assert_true(output_contains("stderr.txt", "is in both"));
+    assert_int_equal(output_size("stdout.txt"), 0); /* no verdict from either copy */
+    /* a folder of shards without an index still replays, but not past a file it cannot read */
+    assert_int_equal(run_cli("replay '%s' --layer " LAYER " --backend ref", path_of("unindexed")), 0);
+    assert_true(output_contains("stdout.txt", "PASS"));
+    assert_int_equal(run_cli("replay '%s' --layer " LAYER " --backend ref", path_of("junk")), 3);
+    assert_true(output_contains("stderr.txt", "extra.safetensors"));
+    assert_int_equal(output_size("stdout.txt"), 0);
+}
+
+/* A plugin that cannot be loaded (FP4DOCTOR_PLUGINS) is an unreadable input, 3, as in backends
+ * and check; replay said 4, fp4doctor's own failure. */
+static void test_replay_plugin_unloadable(void **state)
+{
+    (void)state;
+    assert_int_equal(tu_run_cli(bin, dir, "FP4DOCTOR_PLUGINS=/nonexistent/fp4d-plugin.so",
+                                "replay '%s' --layer " LAYER " --backend ref", path_of("mo")),
+                     3);
+    assert_true(output_contains("stderr.txt", "/nonexistent/fp4d-plugin.so"));
 }
 
 /* The limit on a backend's two calls grows with the layer: a fixed 120 s called the exact
@@ -281,6 +446,10 @@ int main(void)
         cmocka_unit_test(test_replay_backend_list_checked),
         cmocka_unit_test(test_replay_nan_block_scales_fail),
         cmocka_unit_test(test_replay_layer_names),
+        cmocka_unit_test(test_replay_follows_the_index),
+        cmocka_unit_test(test_replay_unreadable_indexed_shard),
+        cmocka_unit_test(test_replay_unindexed_files),
+        cmocka_unit_test(test_replay_plugin_unloadable),
         cmocka_unit_test(test_replay_timeout_grows_with_work),
         cmocka_unit_test(test_bench_huge_shape_skipped),
         cmocka_unit_test(test_bench_text_figures_and_anchor),

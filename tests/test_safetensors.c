@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 #include <cmocka.h>
 
@@ -581,6 +582,120 @@ static void test_writer_replaces_atomically(void **state)
     unlink(target);
 }
 
+/* Saves a one-tensor file to path; the writer's status. */
+static fp4d_status save_small(const char *path, uint8_t value)
+{
+    uint8_t v = value;
+    int64_t one = 1;
+    fp4d_st_writer *w = fp4d_st_writer_new();
+    fp4d_st_writer_add(w, "x", FP4D_ST_U8, 1, &one, &v, 1);
+    const fp4d_status s = fp4d_st_writer_save(w, path);
+    fp4d_st_writer_free(w);
+    return s;
+}
+
+static mode_t mode_of(const char *path)
+{
+    struct stat sb;
+    assert_int_equal(stat(path, &sb), 0);
+    return sb.st_mode & 07777;
+}
+
+/* Files in dir other than . and .. */
+static int files_in(const char *d)
+{
+    DIR *dir = opendir(d);
+    assert_non_null(dir);
+    struct dirent *de;
+    int n = 0;
+    while ((de = readdir(dir)))
+        if (strcmp(de->d_name, ".") && strcmp(de->d_name, "..")) n++;
+    closedir(dir);
+    return n;
+}
+
+/* Output permissions follow the CLI's report files (cli_open_output): every output was 0644,
+ * so umask 077 still gave a world-readable new file, and an existing 0600 file became 0644. */
+static void test_writer_output_modes(void **state)
+{
+    (void)state;
+    char path[512];
+    snprintf(path, sizeof path, "%s/mode.safetensors", tmp_dir());
+    const mode_t saved = umask(077);
+    assert_int_equal(save_small(path, 1), FP4D_STATUS_OK);
+    assert_int_equal(mode_of(path), 0600); /* new: 0666 less the umask */
+    umask(022);
+    assert_int_equal(save_small(path, 2), FP4D_STATUS_OK);
+    assert_int_equal(mode_of(path), 0600); /* existing: its own mode, whatever the umask */
+    unlink(path);
+    assert_int_equal(save_small(path, 3), FP4D_STATUS_OK);
+    assert_int_equal(mode_of(path), 0644);
+    assert_int_equal(chmod(path, 0640), 0);
+    assert_int_equal(save_small(path, 4), FP4D_STATUS_OK);
+    assert_int_equal(mode_of(path), 0640);
+    umask(027);
+    unlink(path);
+    assert_int_equal(save_small(path, 5), FP4D_STATUS_OK);
+    assert_int_equal(mode_of(path), 0640);
+    umask(saved);
+    fp4d_st_file *f = fp4d_st_open(path, NULL);
+    assert_non_null(f);
+    assert_int_equal(fp4d_st_find(f, "x")->data[0], 5);
+    fp4d_st_close(f);
+    unlink(path);
+}
+
+/* A read-only output is refused and left as it was, as the CLI refuses a read-only report.
+ * Renaming over a file needs only its folder to be writable, so an 0444 file - even one of
+ * another user, in a folder the caller may write - was replaced with success. Root may write
+ * anything (access() says so, as cli_open_output asks it), so as root the save runs in a child
+ * that has become nobody, in a folder open to all. */
+static void test_writer_refuses_read_only_output(void **state)
+{
+    (void)state;
+    char d[] = "/tmp/fp4d_test_st_ro_XXXXXX", path[512];
+    assert_non_null(mkdtemp(d));
+    assert_int_equal(chmod(d, 0777), 0);
+    snprintf(path, sizeof path, "%s/ro.safetensors", d);
+    FILE *t = fopen(path, "w");
+    assert_non_null(t);
+    fputs("keep", t);
+    fclose(t);
+    assert_int_equal(chmod(path, 0444), 0);
+    int rc;
+    if (geteuid() != 0) {
+        rc = save_small(path, 1) == FP4D_STATUS_IO && strstr(fp4d_last_error(), "cannot write") ? 0 : 1;
+    } else {
+        const pid_t pid = fork();
+        assert_true(pid >= 0);
+        if (pid == 0) {
+            if (setgid(65534) != 0 || setuid(65534) != 0) _exit(77);
+            const fp4d_status s = save_small(path, 1);
+            _exit(s == FP4D_STATUS_IO && strstr(fp4d_last_error(), "Permission denied") ? 0 : 1);
+        }
+        int ws = 0;
+        assert_int_equal(waitpid(pid, &ws, 0), pid);
+        assert_true(WIFEXITED(ws));
+        rc = WEXITSTATUS(ws);
+    }
+    size_t n = 0;
+    char buf[16] = "";
+    t = fopen(path, "r");
+    assert_non_null(t);
+    n = fread(buf, 1, sizeof buf - 1, t);
+    fclose(t);
+    const mode_t mode = mode_of(path);
+    unlink(path);
+    const int left = files_in(d); /* no temporary file left behind */
+    rmdir(d);
+    if (rc == 77) skip(); /* cannot become another user here */
+    assert_int_equal(rc, 0);
+    assert_int_equal(n, 4);
+    assert_string_equal(buf, "keep");
+    assert_int_equal(mode, 0444);
+    assert_int_equal(left, 0);
+}
+
 static int teardown_dir(void **state)
 {
     (void)state;
@@ -626,6 +741,8 @@ int main(void)
         cmocka_unit_test(test_corruption_never_crashes),
         cmocka_unit_test(test_writer_layout_is_exact),
         cmocka_unit_test(test_writer_replaces_atomically),
+        cmocka_unit_test(test_writer_output_modes),
+        cmocka_unit_test(test_writer_refuses_read_only_output),
     };
     return cmocka_run_group_tests(tests, NULL, teardown_dir);
 }

@@ -197,6 +197,27 @@ static fp4d_status st_build_header(fp4d_st_writer *w, st_write_entry **order, ch
     return FP4D_STATUS_OK;
 }
 
+/* The process's umask, read without changing it: umask() sets it too, and for that moment
+ * another thread's new files would get the wrong permissions. /proc/self/status has it since
+ * Linux 4.7; elsewhere, umask() twice. */
+static mode_t st_current_umask(void)
+{
+    FILE *f = fopen("/proc/self/status", "re");
+    if (f) {
+        char line[256];
+        unsigned int m;
+        while (fgets(line, sizeof line, f))
+            if (sscanf(line, "Umask: %o", &m) == 1) {
+                fclose(f);
+                return (mode_t)(m & 0777);
+            }
+        fclose(f);
+    }
+    const mode_t m = umask(022);
+    umask(m);
+    return m;
+}
+
 fp4d_status fp4d_st_writer_save(fp4d_st_writer *w, const char *path)
 {
     FP4D_RETURN_ERROR_IF(!w || !path || !path[0], INVALID_ARG, "safetensors writer: NULL writer or empty path");
@@ -204,9 +225,18 @@ fp4d_status fp4d_st_writer_save(fp4d_st_writer *w, const char *path)
      * with a regular file: a symbolic link (not its target), a FIFO its reader waits on, a
      * device node (/dev/null, as root). Only a new path or a regular file is written. */
     struct stat old;
-    FP4D_RETURN_ERROR_IF(lstat(path, &old) == 0 && !S_ISREG(old.st_mode), IO,
+    const bool exists = lstat(path, &old) == 0;
+    FP4D_RETURN_ERROR_IF(exists && !S_ISREG(old.st_mode), IO,
                          "cannot write '%s': not a regular file (a link, FIFO, device or directory); "
                          "name a new or regular file", path);
+    /* The CLI's report files' rules (cli_open_output): an output the user made read-only stays
+     * so (renaming over it needs only the folder to be writable, so without this check a 0444
+     * file, even someone else's, was replaced); an existing file keeps its permissions (an
+     * 0600 output became 0644, readable by all); a new one gets 0666 less the umask, as
+     * fopen() would give it. Set-id and sticky bits are not carried to the new file. */
+    FP4D_RETURN_ERROR_IF(exists && access(path, W_OK) != 0, IO, "cannot write '%s': %s (an existing output is "
+                         "replaced only where it may be written)", path, strerror(errno));
+    const mode_t mode = exists ? (old.st_mode & 0777) : (0666 & ~st_current_umask());
 
     st_write_entry **order = malloc((w->count ? w->count : 1) * sizeof *order);
     FP4D_RETURN_ERROR_IF(!order, NOMEM, "safetensors writer: out of memory");
@@ -222,7 +252,7 @@ fp4d_status fp4d_st_writer_save(fp4d_st_writer *w, const char *path)
     }
 
     char *tmp = NULL;
-    const int fd = fp4d_replace_begin(path, 0644, &tmp); /* an output file is meant to be shared */
+    const int fd = fp4d_replace_begin(path, mode, &tmp);
     if (fd < 0) {
         s = fp4d_set_error(FP4D_STATUS_IO, "cannot create a temporary file next to '%s': %s", path,
                            strerror(errno));

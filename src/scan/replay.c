@@ -13,11 +13,13 @@
  * scale as engines do; weight-only layers (MXFP4, W4A16) get bf16 N(0,1) activations.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -40,58 +42,228 @@
 #define REPLAY_TIMEOUT_S   120 /* the floor of a backend's limit: process start, device context */
 #define REPLAY_POISON      0x7FC1u /* a bf16 NaN no arithmetic produces: "never written" */
 
+/* ---- the checkpoint's files ------------------------------------------------------------------- */
+
+#define REPLAY_INDEX_NAME "model.safetensors.index.json"
+
+/* The files a loader reads, under scan's rules (docs/scan.md, "Shards"): with a valid index,
+ * the shards its weight_map names, and each tensor only in the shard the index names for it;
+ * without one, every .safetensors file of the folder (or the one file given). Opening every
+ * file and taking the first holder in directory order let a stale consolidated.safetensors
+ * next to an indexed checkpoint decide the verdict, and a shard that could not be read was
+ * dropped in silence, its layer then reported as not existing. */
 typedef struct replay_shards {
-    fp4d_st_file **f;
-    size_t         n;
+    fp4d_st_file **files;
+    char         **names;      /* sorted; as the index or the folder names them, for messages */
+    size_t         count;
+    json_t        *weight_map; /* tensor -> shard name; NULL without a valid index */
+    char           problem[1024]; /* the first lookup no loader would answer (see shards_find) */
 } replay_shards;
 
 static void shards_free(replay_shards *s)
 {
-    for (size_t i = 0; i < s->n; i++) fp4d_st_close(s->f[i]);
-    free(s->f);
-}
-
-static void shards_add(replay_shards *s, const char *path)
-{
-    fp4d_st_file *f = fp4d_st_open(path, NULL);
-    if (!f) return;
-    fp4d_st_file **g = realloc(s->f, (s->n + 1) * sizeof *g);
-    if (!g) {
-        fp4d_st_close(f);
-        return;
+    for (size_t i = 0; i < s->count; i++) {
+        if (s->files) fp4d_st_close(s->files[i]); /* NULL when listing the names ran out of memory */
+        free(s->names[i]);
     }
-    s->f = g;
-    s->f[s->n++] = f;
+    free(s->files);
+    free(s->names);
+    json_decref(s->weight_map);
 }
 
-static void shards_open(replay_shards *s, const char *ckpt)
+static int cmp_name(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+/* Appends name (malloc'd, taken over); false when out of memory. */
+static bool shards_add_name(replay_shards *s, char *name)
 {
+    char **g = name ? realloc(s->names, (s->count + 1) * sizeof *g) : NULL;
+    if (!g) {
+        free(name);
+        return false;
+    }
+    s->names = g;
+    s->names[s->count++] = name;
+    return true;
+}
+
+/* The shard names of the index, each once. Sorted first: an index names each shard for
+ * thousands of tensors, and may name thousands of shards. */
+static bool shards_add_indexed(replay_shards *s)
+{
+    size_t n = json_object_size(s->weight_map), i = 0;
+    const char **all = malloc((n ? n : 1) * sizeof *all);
+    if (!all) return false;
+    const char *tensor;
+    json_t *shard;
+    json_object_foreach(s->weight_map, tensor, shard) all[i++] = json_string_value(shard);
+    qsort(all, n, sizeof *all, cmp_name);
+    bool ok = true;
+    for (i = 0; i < n && ok; i++)
+        if (i == 0 || strcmp(all[i], all[i - 1])) ok = shards_add_name(s, strdup(all[i]));
+    free(all);
+    return ok;
+}
+
+/* The index's weight_map when it is one scan follows (scan.c load_index): a regular file of at
+ * most 256 MiB holding an object whose "weight_map" values are plain file names inside the
+ * checkpoint folder. NULL when there is none ("no such file": *invalid stays empty) or when it
+ * is there but unreadable or breaks those rules (*invalid says why; scan then reports it and
+ * reads every .safetensors file, and so does replay). */
+static json_t *index_weight_map(const char *dir, char *invalid, size_t invalid_n)
+{
+    invalid[0] = '\0';
+    size_t n = strlen(dir) + sizeof REPLAY_INDEX_NAME + 1;
+    char *path = malloc(n);
+    if (!path) {
+        snprintf(invalid, invalid_n, "out of memory");
+        return NULL;
+    }
+    snprintf(path, n, "%s/%s", dir, REPLAY_INDEX_NAME);
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK); /* a FIFO must not block the open */
+    struct stat st;
+    if (fd < 0) {
+        const int err = errno;
+        if (err == ENOENT && lstat(path, &st) == 0 && S_ISLNK(st.st_mode))
+            snprintf(invalid, invalid_n, "a symbolic link to a missing file");
+        else if (err != ENOENT && err != ENOTDIR)
+            snprintf(invalid, invalid_n, "%s", strerror(err));
+        free(path);
+        return NULL;
+    }
+    free(path);
+    json_error_t err;
+    json_t *root = NULL;
+    if (fstat(fd, &st) != 0) snprintf(invalid, invalid_n, "%s", strerror(errno));
+    else if (!S_ISREG(st.st_mode)) snprintf(invalid, invalid_n, "not a regular file");
+    else if (st.st_size > (256 << 20)) snprintf(invalid, invalid_n, "over the 256 MiB limit");
+    else if (!(root = json_loadfd(fd, 0, &err))) snprintf(invalid, invalid_n, "%s", err.text);
+    close(fd);
+    json_t *map = json_object_get(root, "weight_map");
+    bool plain_names = json_is_object(map);
+    const char *tensor;
+    json_t *shard;
+    json_object_foreach(map, tensor, shard) {
+        const char *file = json_string_value(shard);
+        /* "..", "/x" or "" would lead outside the folder or nowhere: never followed */
+        if (!file || !*file || *file == '/' || strstr(file, "..")) plain_names = false;
+    }
+    if (root && !plain_names)
+        snprintf(invalid, invalid_n, "needs a \"weight_map\" of tensor -> shard file name");
+    if (!plain_names) {
+        json_decref(root);
+        return NULL;
+    }
+    json_incref(map);
+    json_decref(root);
+    return map;
+}
+
+/* Opens every listed file under dir (NULL: names[0] is the path itself). Returns an exit code:
+ * a file that cannot be opened or parsed could hold the layer, or decide which copy of it a
+ * loader reads, so it stops the replay with the file and the reason (4 when the process ran
+ * out of memory or descriptors, as for other commands' inputs). */
+static int shards_open_all(replay_shards *s, const char *dir, char *why, size_t why_n)
+{
+    if (s->count > 1) qsort(s->names, s->count, sizeof *s->names, cmp_name);
+    if (!(s->files = calloc(s->count ? s->count : 1, sizeof *s->files))) return FP4D_EXIT_INTERNAL;
+    for (size_t i = 0; i < s->count; i++) {
+        size_t n = (dir ? strlen(dir) + 1 : 0) + strlen(s->names[i]) + 1;
+        char *path = malloc(n);
+        if (!path) return FP4D_EXIT_INTERNAL;
+        snprintf(path, n, "%s%s%s", dir ? dir : "", dir ? "/" : "", s->names[i]);
+        fp4d_st_open_result res;
+        s->files[i] = fp4d_st_open(path, &res);
+        free(path);
+        if (!s->files[i]) {
+            if (s->weight_map)
+                snprintf(why, why_n, "a shard %s names cannot be read: %s [%s] (run fp4doctor scan)",
+                         REPLAY_INDEX_NAME, res.message, fp4d_st_error_name(res.error));
+            else if (dir)
+                snprintf(why, why_n, "%s [%s]; with no %s, any .safetensors file in the folder may hold the layer "
+                         "(run fp4doctor scan)", res.message, fp4d_st_error_name(res.error), REPLAY_INDEX_NAME);
+            else
+                snprintf(why, why_n, "%s [%s] (run fp4doctor scan)", res.message, fp4d_st_error_name(res.error));
+            return res.error == FP4D_ST_ERR_RESOURCE ? FP4D_EXIT_INTERNAL : FP4D_EXIT_INPUT;
+        }
+    }
+    return FP4D_EXIT_OK;
+}
+
+/* Finds the files of checkpoint ckpt (a folder or one file) and opens them; an exit code, with
+ * why said when it is not OK. */
+static int shards_open(replay_shards *s, const char *ckpt, char *why, size_t why_n)
+{
+    memset(s, 0, sizeof *s);
     DIR *d = opendir(ckpt);
     if (!d) {
-        shards_add(s, ckpt);
-        return;
+        if (!shards_add_name(s, strdup(ckpt))) return FP4D_EXIT_INTERNAL;
+        return shards_open_all(s, NULL, why, why_n);
     }
-    struct dirent *e;
-    char path[8192];
-    while ((e = readdir(d))) {
-        size_t n = strlen(e->d_name);
-        if (n <= 12 || strcmp(e->d_name + n - 12, ".safetensors")) continue;
-        snprintf(path, sizeof path, "%s/%s", ckpt, e->d_name);
-        shards_add(s, path);
+    char invalid_index[256];
+    s->weight_map = index_weight_map(ckpt, invalid_index, sizeof invalid_index);
+    if (invalid_index[0])
+        fprintf(stderr, "fp4doctor replay: cannot use %s (%s); reading every .safetensors file instead "
+                        "(run fp4doctor scan)\n", REPLAY_INDEX_NAME, invalid_index);
+    bool listed = true;
+    if (s->weight_map) {
+        listed = shards_add_indexed(s);
+    } else {
+        struct dirent *e;
+        while (listed && (e = readdir(d))) {
+            size_t n = strlen(e->d_name);
+            if (n > 12 && !strcmp(e->d_name + n - 12, ".safetensors")) listed = shards_add_name(s, strdup(e->d_name));
+        }
     }
     closedir(d);
-}
-
-static const fp4d_st_tensor *shards_find(const replay_shards *s, const char *name)
-{
-    for (size_t i = 0; i < s->n; i++) {
-        const fp4d_st_tensor *t = fp4d_st_find(s->f[i], name);
-        if (t) return t;
+    if (!listed) return FP4D_EXIT_INTERNAL;
+    if (!s->count) {
+        snprintf(why, why_n, s->weight_map ? "'%s': %s maps no tensor to a shard (run fp4doctor scan)"
+                                           : "no .safetensors file in '%s' (run fp4doctor scan)",
+                 ckpt, REPLAY_INDEX_NAME);
+        return FP4D_EXIT_INPUT;
     }
-    return NULL;
+    return shards_open_all(s, ckpt, why, why_n);
 }
 
-static const fp4d_st_tensor *find2(const replay_shards *s, const char *module, const char *suffix)
+/* The tensor a loader reads under name, or NULL. NULL also when the checkpoint cannot say
+ * which (s->problem then says why, and the replay stops on it): the index maps the name to a
+ * shard that does not hold it, a shard holds it but the index does not list it (no loader
+ * reads it), or, with no index, two files hold it. */
+static const fp4d_st_tensor *shards_find(replay_shards *s, const char *name)
+{
+    if (s->weight_map) {
+        const char *shard = json_string_value(json_object_get(s->weight_map, name));
+        for (size_t i = 0; !shard && i < s->count && !s->problem[0]; i++)
+            if (fp4d_st_find(s->files[i], name))
+                snprintf(s->problem, sizeof s->problem, "%s is in %s but not in %s: loaders do not read it "
+                         "(run fp4doctor scan)", name, s->names[i], REPLAY_INDEX_NAME);
+        if (!shard) return NULL;
+        char **at = bsearch(&shard, s->names, s->count, sizeof *s->names, cmp_name);
+        const fp4d_st_tensor *t = at ? fp4d_st_find(s->files[at - s->names], name) : NULL;
+        if (!t && !s->problem[0])
+            snprintf(s->problem, sizeof s->problem, "%s maps %s to %s, which does not hold it (run fp4doctor scan)",
+                     REPLAY_INDEX_NAME, name, shard);
+        return t;
+    }
+    const fp4d_st_tensor *found = NULL;
+    size_t holder = 0;
+    for (size_t i = 0; i < s->count; i++) {
+        const fp4d_st_tensor *t = fp4d_st_find(s->files[i], name);
+        if (!t) continue;
+        if (found) {
+            if (!s->problem[0])
+                snprintf(s->problem, sizeof s->problem, "%s is in both %s and %s, and there is no %s to say which "
+                         "one a loader reads; remove the stale file or replay one file (run fp4doctor scan)",
+                         name, s->names[holder], s->names[i], REPLAY_INDEX_NAME);
+            return NULL;
+        }
+        found = t;
+        holder = i;
+    }
+    return found;
+}
+
+static const fp4d_st_tensor *find2(replay_shards *s, const char *module, const char *suffix)
 {
     size_t n = strlen(module) + strlen(suffix) + 1;
     char *name = malloc(n);
@@ -137,9 +309,9 @@ static void suggest_layers(const replay_shards *s, const char *query, char *why,
 {
     if (!query[0]) return;
     size_t shown = 0, more = 0;
-    for (size_t f = 0; f < s->n; f++)
-        for (size_t i = 0; i < fp4d_st_count(s->f[f]); i++) {
-            const fp4d_st_tensor *t = fp4d_st_get(s->f[f], i);
+    for (size_t f = 0; f < s->count; f++)
+        for (size_t i = 0; i < fp4d_st_count(s->files[f]); i++) {
+            const fp4d_st_tensor *t = fp4d_st_get(s->files[f], i);
             size_t n = strlen(t->name);
             bool quantized = (n > 14 && !strcmp(t->name + n - 14, ".weight_packed")) ||
                              (n > 7 && !strcmp(t->name + n - 7, "_blocks")) ||
@@ -162,7 +334,7 @@ static void suggest_layers(const replay_shards *s, const char *query, char *why,
     if (more && used + 24 < why_n) snprintf(why + used, why_n - used, " and %zu more", more);
 }
 
-static bool layer_load(const replay_shards *s, const char *name, replay_layer *L, char *why, size_t why_n)
+static bool layer_load(replay_shards *s, const char *name, replay_layer *L, char *why, size_t why_n)
 {
     memset(L, 0, sizeof *L);
     char *module = scan_name_module(name);
@@ -566,22 +738,32 @@ int fp4d_replay_run(const fp4d_replay_options *opt, FILE *out, bool color)
     }
     fp4d_registry_options ro = {0};
     ro.include_faulty = opt->backends && strstr(opt->backends, "faulty") != NULL;
-    if (fp4d_registry_init(&ro) != FP4D_STATUS_OK) {
+    const fp4d_status registry = fp4d_registry_init(&ro);
+    if (registry != FP4D_STATUS_OK) {
+        /* mapped as cli_registry_failed maps it for backends and check (the CLI's helper is
+         * not the library's to call): a plugin that cannot be loaded (FP4DOCTOR_PLUGINS) is an
+         * input we could not read, 3; only the process failing is 4 */
         fprintf(stderr, "fp4doctor replay: backend registry: %s\n", fp4d_last_error());
-        return FP4D_EXIT_INTERNAL;
+        return registry == FP4D_STATUS_NOMEM || registry == FP4D_STATUS_INTERNAL ? FP4D_EXIT_INTERNAL
+                                                                                  : FP4D_EXIT_INPUT;
     }
     if (!backends_valid(opt->backends)) return FP4D_EXIT_USAGE;
-    replay_shards s = {0};
-    shards_open(&s, opt->checkpoint);
-    if (!s.n) {
-        fprintf(stderr, "fp4doctor replay: no readable .safetensors file in '%s' (run fp4doctor scan)\n", opt->checkpoint);
-        return FP4D_EXIT_INPUT;
-    }
-    char why[512];
-    replay_layer L;
-    if (!layer_load(&s, opt->layer, &L, why, sizeof why)) {
+    char why[1024] = "";
+    replay_shards s;
+    const int opened = shards_open(&s, opt->checkpoint, why, sizeof why);
+    if (opened != FP4D_EXIT_OK) {
         shards_free(&s);
         fprintf(stderr, "fp4doctor replay: %s\n", why[0] ? why : "out of memory");
+        return opened;
+    }
+    replay_layer L;
+    const bool loaded = layer_load(&s, opt->layer, &L, why, sizeof why);
+    /* a lookup the checkpoint cannot answer (a shard without the tensor its index names, two
+     * un-indexed copies) outranks what layer_load made of it: "no layer" would be misleading,
+     * and a layer read from either copy could be the one no loader reads */
+    if (!loaded || s.problem[0]) {
+        fprintf(stderr, "fp4doctor replay: %s\n", s.problem[0] ? s.problem : why[0] ? why : "out of memory");
+        shards_free(&s);
         free(L.codes);
         free(L.scales);
         return FP4D_EXIT_INPUT;

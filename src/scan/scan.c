@@ -372,34 +372,71 @@ static char *path_join(const char *dir, const char *name)
     return p;
 }
 
-/* Reads a small text file whole (configs, the index). NULL if absent or unreadable. */
-static char *read_small_file(const char *path, size_t *len_out, bool *exists)
+/* A small text file (a config, the index): read, absent, or there but unreadable. */
+typedef enum small_file_state { SMALL_FILE_READ, SMALL_FILE_ABSENT, SMALL_FILE_UNREADABLE } small_file_state;
+
+/* Reads a small text file whole (configs, the index) into *text (NUL-terminated; the caller
+ * frees). Only "nothing is there" (ENOENT, ENOTDIR) counts as absent; a file that is there but
+ * cannot be read - no permission, a symbolic-link loop or a link to a missing file, a
+ * directory, a FIFO, a read error, more than 256 MiB - is SMALL_FILE_UNREADABLE with the reason
+ * in why: taking it for absent made a scan with an unreadable index list the folder without a
+ * word, and report every stale shard's tensors as duplicates. Fails (NOMEM) only on a limit of
+ * this process: out of memory or descriptors. */
+static fp4d_status read_small_file(const char *path, char **text, size_t *len_out, small_file_state *state,
+                                   char *why, size_t why_len)
 {
-    *exists = false;
+    *text = NULL;
+    *len_out = 0;
+    *state = SMALL_FILE_UNREADABLE;
+    why[0] = '\0';
     int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK); /* a FIFO must not block: refused below */
-    if (fd < 0) return NULL;
-    *exists = true;
+    if (fd < 0) {
+        const int err = errno;
+        if (fp4d_st_resource_errno(err))
+            return fp4d_set_error(FP4D_STATUS_NOMEM, "cannot open %s: %s (a limit of this process: raise `ulimit -n` "
+                                  "or memory)", path, strerror(err));
+        struct stat ls;
+        if (err == ENOENT && lstat(path, &ls) == 0 && S_ISLNK(ls.st_mode))
+            snprintf(why, why_len, "a symbolic link to a missing file");
+        else if (err == ENOENT || err == ENOTDIR)
+            *state = SMALL_FILE_ABSENT;
+        else
+            snprintf(why, why_len, "%s", strerror(err));
+        return FP4D_STATUS_OK;
+    }
     struct stat st;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size > (256 << 20)) {
+    if (fstat(fd, &st) != 0) snprintf(why, why_len, "%s", strerror(errno));
+    else if (!S_ISREG(st.st_mode)) snprintf(why, why_len, "not a regular file");
+    else if (st.st_size > (256 << 20)) snprintf(why, why_len, "%lld bytes, over the 256 MiB limit", (long long)st.st_size);
+    if (why[0]) {
         close(fd);
-        return NULL;
+        return FP4D_STATUS_OK;
     }
     size_t len = (size_t)st.st_size;
     char *buf = malloc(len + 1);
     if (!buf) {
         close(fd);
-        return NULL;
+        return fp4d_set_error(FP4D_STATUS_NOMEM, "out of memory");
     }
     size_t got = 0;
     while (got < len) {
         ssize_t n = pread(fd, buf + got, len - got, (off_t)got);
-        if (n <= 0) break;
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0) {
+            snprintf(why, why_len, "%s", strerror(errno));
+            close(fd);
+            free(buf);
+            return FP4D_STATUS_OK;
+        }
+        if (n == 0) break; /* cut while we read: what is there is parsed */
         got += (size_t)n;
     }
     close(fd);
     buf[got] = '\0';
+    *text = buf;
     *len_out = got;
-    return buf;
+    *state = SMALL_FILE_READ;
+    return FP4D_STATUS_OK;
 }
 
 static fp4d_status load_configs(scan_ctx *c)
@@ -409,12 +446,19 @@ static fp4d_status load_configs(scan_ctx *c)
         char *p = path_join(c->root, names[i]);
         if (!p) return fp4d_set_error(FP4D_STATUS_NOMEM, "out of memory");
         size_t len = 0;
-        bool exists;
-        char *text = read_small_file(p, &len, &exists);
+        char *text = NULL, why[160];
+        small_file_state state;
+        fp4d_status st = read_small_file(p, &text, &len, &state, why, sizeof why);
         free(p);
-        if (!exists) continue;
+        FP4D_FORWARD_IF_ERROR(st);
+        if (state == SMALL_FILE_ABSENT) continue;
+        if (state == SMALL_FILE_UNREADABLE) {
+            FP4D_FORWARD_IF_ERROR(add_finding(c, FP4D_FINDING_HEADER_INVALID, FP4D_SCAN_ERROR, NULL, names[i], 1,
+                                              "cannot read %s: %s; scanning without it", names[i], why));
+            continue;
+        }
         fp4d_quant_config *qc = NULL;
-        fp4d_status st = text ? fp4d_quant_config_parse(text, len, names[i], &qc) : FP4D_STATUS_IO;
+        st = fp4d_quant_config_parse(text, len, names[i], &qc);
         free(text);
         if (st == FP4D_STATUS_NOMEM) return st;
         if (st != FP4D_STATUS_OK) {
@@ -549,12 +593,20 @@ static fp4d_status load_index(scan_ctx *c)
     char *p = path_join(c->root, index_name);
     if (!p) return fp4d_set_error(FP4D_STATUS_NOMEM, "out of memory");
     size_t len = 0;
-    bool exists;
-    char *text = read_small_file(p, &len, &exists);
+    char *text = NULL, why[160];
+    small_file_state state;
+    fp4d_status rs = read_small_file(p, &text, &len, &state, why, sizeof why);
     free(p);
-    if (!exists) return list_dir_shards(c);
+    FP4D_FORWARD_IF_ERROR(rs);
+    if (state == SMALL_FILE_ABSENT) return list_dir_shards(c);
+    if (state == SMALL_FILE_UNREADABLE) {
+        FP4D_FORWARD_IF_ERROR(add_finding(c, FP4D_FINDING_HEADER_INVALID, FP4D_SCAN_ERROR, NULL, index_name, 1,
+                                          "cannot read %s: %s; scanning every .safetensors file instead",
+                                          index_name, why));
+        return list_dir_shards(c);
+    }
     json_error_t err;
-    json_t *root = text ? json_loadb(text, len, 0, &err) : NULL;
+    json_t *root = json_loadb(text, len, 0, &err);
     free(text);
     json_t *wm = json_object_get(root, "weight_map");
     bool ok = json_is_object(wm);
@@ -913,9 +965,10 @@ static bool ends_with(const char *s, const char *suffix)
     return a >= b && !strcmp(s + a - b, suffix);
 }
 
-static int64_t find_companion(const scan_ctx *c, const char *module, const char *suffix)
+/* The tensor named the first a bytes of module, then suffix. */
+static int64_t find_companion_n(const scan_ctx *c, const char *module, size_t a, const char *suffix)
 {
-    size_t a = strlen(module), b = strlen(suffix);
+    size_t b = strlen(suffix);
     char stackbuf[512];
     char *name = a + b + 1 <= sizeof stackbuf ? stackbuf : malloc(a + b + 1);
     if (!name) return -1;
@@ -924,6 +977,11 @@ static int64_t find_companion(const scan_ctx *c, const char *module, const char 
     int64_t t = find_tensor(c, name);
     if (name != stackbuf) free(name);
     return t;
+}
+
+static int64_t find_companion(const scan_ctx *c, const char *module, const char *suffix)
+{
+    return find_companion_n(c, module, strlen(module), suffix);
 }
 
 static bool is_float_dtype(fp4d_st_dtype d)
@@ -938,20 +996,43 @@ static bool is_fp8_dtype(fp4d_st_dtype d)
 
 static bool is_first(const scan_ctx *c, size_t i) { return find_tensor(c, c->tensors[i].name) == (int64_t)i; }
 
+/* Whether a U8 `X.weight` and its `X.weight_scale` (index s) are ModelOpt packed FP4 by
+ * themselves, with no `X.weight_scale_2` and no config to say so: an F8_E4M3 scale is NVFP4's
+ * (whose global scale is then missing: MISSING_COMPANION, not "unquantized"); a U8/F8_E8M0
+ * scale is MXFP4's, which has no global scale. A U8 scale must also have MXFP4's shape
+ * [.., K/32]: U8 next to U8 alone says nothing about FP4. */
+static bool fp4_scale_pair(const scan_ctx *c, const scan_tensor *w, int64_t s)
+{
+    if (s < 0 || !w->trusted || w->dtype != FP4D_ST_U8) return false;
+    const scan_tensor *sc = &c->tensors[s];
+    if (!sc->trusted) return false;
+    if (sc->dtype == FP4D_ST_F8_E4M3 || sc->dtype == FP4D_ST_F8_E8M0) return true;
+    if (sc->dtype != FP4D_ST_U8 || w->ndim < 2 || sc->ndim != w->ndim) return false;
+    for (int32_t i = 0; i + 1 < w->ndim; i++)
+        if (sc->shape[i] != w->shape[i]) return false;
+    const int64_t half_k = w->shape[w->ndim - 1];
+    return half_k > 0 && half_k % 16 == 0 && sc->shape[sc->ndim - 1] == half_k / 16;
+}
+
 static fp4d_ckpt_format detect_format(const scan_ctx *c)
 {
     if (c->qc && scan_qc_format_known(c->qc)) return fp4d_quant_config_format(c->qc);
-    bool ct = false, ct_nv = false, gptoss = false, mo = false;
+    bool ct = false, ct_nv = false, gptoss = false, mo = false, mo_pair = false;
     for (size_t i = 0; i < c->num_tensors; i++) {
         const char *n = c->tensors[i].name;
         if (ends_with(n, ".weight_packed")) ct = true;
         else if (ends_with(n, ".weight_global_scale")) ct_nv = true;
         else if (ends_with(n, ".weight_scale_2")) mo = true;
         else if (ends_with(n, "_blocks")) gptoss = true;
+        else if (!mo_pair && ends_with(n, ".weight") && c->tensors[i].trusted && c->tensors[i].dtype == FP4D_ST_U8)
+            mo_pair = fp4_scale_pair(c, &c->tensors[i], find_companion_n(c, n, strlen(n) - 7, ".weight_scale"));
     }
     if (ct) return ct_nv ? FP4D_CKPT_CT_NVFP4 : FP4D_CKPT_CT_MXFP4;
     if (mo) return FP4D_CKPT_MODELOPT_NVFP4;
     if (gptoss) return FP4D_CKPT_GPTOSS_MXFP4;
+    /* ModelOpt by its packed weights and block scales alone: every weight_scale_2 missing, or
+     * MXFP4 (W4A8_MXFP4_FP8), which has none, with no config */
+    if (mo_pair) return FP4D_CKPT_MODELOPT_NVFP4;
     return FP4D_CKPT_UNQUANTIZED;
 }
 
@@ -1010,7 +1091,7 @@ static fp4d_status build_units(scan_ctx *c)
             int64_t s = find_companion(c, module, ".weight_scale");
             bool packed = t->trusted ? t->dtype == FP4D_ST_U8 : (s2 >= 0);
             bool quantized_ckpt = c->format == FP4D_CKPT_MODELOPT_NVFP4;
-            if (!(s2 >= 0 || (packed && quantized_ckpt))) {
+            if (!(s2 >= 0 || (packed && (quantized_ckpt || fp4_scale_pair(c, t, s))))) {
                 free(module);
                 continue;
             }
@@ -1245,9 +1326,16 @@ static fp4d_status check_orphans(scan_ctx *c)
          * unquantized weight is harmless: neither is an FP4 orphan. */
         if (w >= 0 && (!c->tensors[w].trusted || is_fp8_dtype(c->tensors[w].dtype))) continue;
         if (w >= 0 && !strcmp(sfx, ".input_scale")) continue;
+        /* "unquantized" only where it is: a U8 weight here is packed, but not as FP4 with this
+         * scale (a U8 weight with F8_E4M3 scales and no weight_scale_2 was called unquantized) */
+        char why[160] = "";
+        if (w >= 0 && is_float_dtype(c->tensors[w].dtype))
+            snprintf(why, sizeof why, " (the weight is stored unquantized, %s)", dtype_str(c->tensors[w].dtype));
+        else if (w >= 0)
+            snprintf(why, sizeof why, " (the weight is %s, not packed FP4 with this scale)",
+                     dtype_str(c->tensors[w].dtype));
         FP4D_FORWARD_IF_ERROR(add_finding(c, FP4D_FINDING_ORPHAN_SCALE, FP4D_SCAN_ERROR, t->name, file_rel(c, t->file), 1,
-                                          "%s has no packed FP4 weight next to it%s", t->name,
-                                          w >= 0 ? " (the weight is stored unquantized)" : ""));
+                                          "%s has no packed FP4 weight next to it%s", t->name, why));
     }
     return FP4D_STATUS_OK;
 }

@@ -50,7 +50,17 @@ static bool parse_count(const char *opt, const char *v, int32_t *out)
     return true;
 }
 
-int main(int argc, char **argv)
+/* The --plant specs the plants' tensor names point into: freed at exit (they were never freed). */
+static char *specs[64];
+static size_t num_specs;
+
+static void free_specs(void)
+{
+    for (size_t i = 0; i < num_specs; i++) free(specs[i]);
+    num_specs = 0;
+}
+
+static int run(int argc, char **argv)
 {
     const char *dir = NULL;
     int format = -1;
@@ -85,6 +95,7 @@ int main(int argc, char **argv)
             else if (!strcmp(a, "--plant")) {
                 if (np == sizeof plants / sizeof plants[0]) return usage();
                 char *spec = strdup(v), *c1 = spec ? strchr(spec, ':') : NULL;
+                if (spec) specs[num_specs++] = spec; /* np < 64, so num_specs < 64 too */
                 if (!c1) return usage();
                 *c1 = '\0';
                 if (!fp4d_ckpt_defect_from_name(spec, &plants[np].defect)) return usage();
@@ -108,4 +119,11 @@ int main(int argc, char **argv)
         return st == FP4D_STATUS_INVALID_ARG ? 2 : 1;
     }
     return 0;
+}
+
+int main(int argc, char **argv)
+{
+    const int rc = run(argc, argv);
+    free_specs();
+    return rc;
 }

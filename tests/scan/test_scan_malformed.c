@@ -3,6 +3,7 @@
  * yields the documented finding (or a clear error), never a crash. Run under `make asan` it
  * also shows no read out of bounds.
  */
+#include <errno.h>
 #include <ftw.h>
 #include <stdbool.h>
 #include <setjmp.h>
@@ -409,11 +410,168 @@ static void test_folders(void **s)
     fp4d_scan_report_free(r);
 }
 
+/* The one finding of r with this code and file; fails when there is none. */
+static const fp4d_scan_finding *finding_for(const fp4d_scan_report *r, fp4d_finding_code code, const char *file)
+{
+    for (size_t i = 0; i < fp4d_scan_report_count(r); i++) {
+        const fp4d_scan_finding *f = fp4d_scan_report_get(r, i);
+        if (f->code == code && f->file && !strcmp(f->file, file)) return f;
+    }
+    for (size_t i = 0; i < fp4d_scan_report_count(r); i++) {
+        const fp4d_scan_finding *f = fp4d_scan_report_get(r, i);
+        print_message("  %s %s: %s\n", fp4d_finding_code_name(f->code), f->file ? f->file : "-", f->message);
+    }
+    fail_msg("no %s finding about %s", fp4d_finding_code_name(code), file);
+    return NULL;
+}
+
+static void assert_contains(const char *msg, const char *needle)
+{
+    if (!strstr(msg, needle)) fail_msg("'%s' not in: %s", needle, msg);
+}
+
+/* An index or config that is there but cannot be read was taken for absent, without a word:
+ * with the index unreadable, every .safetensors in the folder was scanned, and a stale copy of
+ * a shard made a page of DUPLICATE_TENSOR errors with nothing about the index. Only "no such
+ * file" is absent now; anything else is a HEADER_INVALID about that file, like a corrupt one.
+ * Tests run as root, where permission bits do not stop a read, so the files are made
+ * unreadable by what stops root too: a symbolic-link loop (ELOOP), a link to nothing, a
+ * directory; and, when not root, mode 000. */
+static void test_unreadable_index_and_configs(void **s)
+{
+    (void)s;
+    static const char index_name[] = "model.safetensors.index.json";
+    char dir[4096], path[4200], target[4200];
+    snprintf(dir, sizeof dir, "%s/unreadable", tmpdir);
+    assert_int_equal(mkdir(dir, 0755), 0);
+    const char *good = H2("\"data_offsets\":[0,8]", "\"data_offsets\":[8,16]");
+    write_st("unreadable/model-00001-of-00001.safetensors", good, ~0ull, 16, ~0ull);
+    write_st("unreadable/stale.safetensors", good, ~0ull, 16, ~0ull); /* an old copy of the shard */
+    snprintf(path, sizeof path, "%s/%s", dir, index_name);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs("{\"weight_map\":{\"a\":\"model-00001-of-00001.safetensors\",\"b\":\"model-00001-of-00001.safetensors\"}}", f);
+    fclose(f);
+    /* readable: the stale file is not read, nothing to report */
+    fp4d_scan_report *r = scan_one(dir);
+    assert_int_equal(fp4d_scan_report_count(r), 0);
+    fp4d_scan_report_free(r);
+
+    enum { LOOP, DANGLING, DIRECTORY, NO_PERMISSION };
+    static const char *const why[] = {NULL, "a symbolic link to a missing file", "not a regular file", NULL};
+    for (int k = LOOP; k <= NO_PERMISSION; k++) {
+        if (k == NO_PERMISSION && geteuid() == 0) continue; /* root reads a mode-000 file */
+        char saved[4300];
+        snprintf(saved, sizeof saved, "%s/index.saved", dir);
+        assert_int_equal(rename(path, saved), 0);
+        if (k == LOOP) assert_int_equal(symlink(index_name, path), 0);
+        if (k == DANGLING) {
+            snprintf(target, sizeof target, "%s/blobs/0123abcd", dir); /* a hub cache's missing blob */
+            assert_int_equal(symlink(target, path), 0);
+        }
+        if (k == DIRECTORY) assert_int_equal(mkdir(path, 0755), 0);
+        if (k == NO_PERMISSION) {
+            assert_int_equal(rename(saved, path), 0);
+            assert_int_equal(chmod(path, 0), 0);
+        }
+        r = scan_one(dir);
+        const fp4d_scan_finding *fd = finding_for(r, FP4D_FINDING_HEADER_INVALID, index_name);
+        assert_null(fd->tensor);
+        assert_int_equal(fd->severity, FP4D_SCAN_ERROR);
+        assert_int_equal(fd->count, 1);
+        assert_contains(fd->message, "cannot read model.safetensors.index.json: ");
+        assert_contains(fd->message, k == LOOP ? strerror(ELOOP) : k == NO_PERMISSION ? strerror(EACCES) : why[k]);
+        assert_contains(fd->message, "scanning every .safetensors file instead");
+        fp4d_scan_report_free(r);
+        if (k == NO_PERMISSION) {
+            assert_int_equal(chmod(path, 0644), 0);
+        } else {
+            assert_int_equal(k == DIRECTORY ? rmdir(path) : unlink(path), 0);
+            assert_int_equal(rename(saved, path), 0);
+        }
+    }
+
+    /* Configs the same way; the scan goes on without them (the index is readable again). */
+    static const char *const configs[] = {"config.json", "hf_quant_config.json"};
+    for (size_t i = 0; i < 2; i++) {
+        char cfg[4300];
+        snprintf(cfg, sizeof cfg, "%s/%s", dir, configs[i]);
+        if (i == 0) assert_int_equal(symlink(configs[i], cfg), 0); /* loop */
+        else assert_int_equal(symlink("/nonexistent/fp4doctor/hf_quant_config.json", cfg), 0);
+        r = scan_one(dir);
+        assert_single(r, FP4D_FINDING_HEADER_INVALID, NULL, 1);
+        const fp4d_scan_finding *fd = fp4d_scan_report_get(r, 0);
+        assert_string_equal(fd->file, configs[i]);
+        char want[128];
+        snprintf(want, sizeof want, "cannot read %s: %s", configs[i],
+                 i == 0 ? strerror(ELOOP) : "a symbolic link to a missing file");
+        assert_contains(fd->message, want);
+        fp4d_scan_report_free(r);
+        assert_int_equal(unlink(cfg), 0);
+    }
+    /* Really absent files are still no finding. */
+    r = scan_one(dir);
+    assert_int_equal(fp4d_scan_report_count(r), 0);
+    fp4d_scan_report_free(r);
+}
+
+/* Writes name in tmpdir: a header for m.weight (wdtype, wshape) and m.weight_scale (sdtype,
+ * sshape), then wbytes + sbytes bytes of 0x11 (finite codes and scales). */
+static const char *write_pair(const char *name, const char *wdtype, const char *wshape, unsigned wbytes,
+                              const char *sdtype, const char *sshape, unsigned sbytes)
+{
+    char h[600];
+    snprintf(h, sizeof h,
+             "{\"m.weight\":{\"dtype\":\"%s\",\"shape\":%s,\"data_offsets\":[0,%u]},"
+             "\"m.weight_scale\":{\"dtype\":\"%s\",\"shape\":%s,\"data_offsets\":[%u,%u]}}",
+             wdtype, wshape, wbytes, sdtype, sshape, wbytes, wbytes + sbytes);
+    return write_st(name, h, ~0ull, wbytes + sbytes, ~0ull);
+}
+
+/* A U8 weight with F8_E4M3 block scales and no weight_scale_2 is packed NVFP4 missing its
+ * global scale: it was reported as format "unquantized" with an ORPHAN_SCALE saying "the
+ * weight is stored unquantized". MXFP4 pairs (U8 ue8m0 scales, no global scale by design)
+ * are whole layers; "unquantized" is said only of float weights. */
+static void test_packed_weight_without_global_scale(void **s)
+{
+    (void)s;
+    fp4d_scan_report *r = scan_one(write_pair("nv_no_s2.safetensors", "U8", "[100,32]", 3200, "F8_E4M3", "[100,4]", 400));
+    assert_single(r, FP4D_FINDING_MISSING_COMPANION, "m.weight", 1);
+    assert_contains(fp4d_scan_report_get(r, 0)->message, "m.weight_scale_2");
+    assert_string_equal(fp4d_scan_report_format(r), "modelopt-nvfp4");
+    fp4d_scan_report_free(r);
+
+    /* MXFP4: one ue8m0 scale per 32 elements (K = 64: 2 per row); nothing is missing. */
+    r = scan_one(write_pair("mx.safetensors", "U8", "[100,32]", 3200, "U8", "[100,2]", 200));
+    assert_int_equal(fp4d_scan_report_count(r), 0);
+    fp4d_scan_report_free(r);
+    r = scan_one(write_pair("mx_e8m0.safetensors", "U8", "[100,32]", 3200, "F8_E8M0", "[100,2]", 200));
+    assert_int_equal(fp4d_scan_report_count(r), 0);
+    fp4d_scan_report_free(r);
+
+    /* A float weight next to block scales: stored unquantized, as the message says. */
+    r = scan_one(write_pair("bf16.safetensors", "BF16", "[100,64]", 12800, "F8_E4M3", "[100,4]", 400));
+    assert_single(r, FP4D_FINDING_ORPHAN_SCALE, "m.weight_scale", 1);
+    assert_contains(fp4d_scan_report_get(r, 0)->message, "stored unquantized");
+    fp4d_scan_report_free(r);
+
+    /* U8 next to U8 of no FP4 shape is not taken for FP4, and not called unquantized either. */
+    r = scan_one(write_pair("u8u8.safetensors", "U8", "[100,32]", 3200, "U8", "[100,3]", 300));
+    assert_single(r, FP4D_FINDING_ORPHAN_SCALE, "m.weight_scale", 1);
+    const char *msg = fp4d_scan_report_get(r, 0)->message;
+    assert_contains(msg, "the weight is U8");
+    if (strstr(msg, "unquantized")) fail_msg("called unquantized: %s", msg);
+    assert_string_equal(fp4d_scan_report_format(r), "unquantized");
+    fp4d_scan_report_free(r);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_header_rules),
         cmocka_unit_test(test_folders),
+        cmocka_unit_test(test_unreadable_index_and_configs),
+        cmocka_unit_test(test_packed_weight_without_global_scale),
         cmocka_unit_test(test_not_a_checkpoint_file),
         cmocka_unit_test(test_scale_shape_messages),
         cmocka_unit_test(test_codes_typed_f4),
