@@ -304,6 +304,39 @@ static void test_replay_unindexed_files(void **state)
     assert_int_equal(output_size("stdout.txt"), 0);
 }
 
+/* An index that is there but cannot be used is read by the same code as scan's
+ * (scan_index_load): replay says why, as scan's HEADER_INVALID does, and reads every
+ * .safetensors file of the folder instead, as scan does. */
+static void test_replay_unusable_index(void **state)
+{
+    (void)state;
+    char index[512];
+    snprintf(index, sizeof index, "%s/model.safetensors.index.json", path_of("unindexed"));
+    assert_int_equal(mkdir(index, 0755), 0);
+    assert_int_equal(run_cli("replay '%s' --layer " LAYER " --backend ref", path_of("unindexed")), 0);
+    assert_true(output_contains("stderr.txt", "cannot use model.safetensors.index.json (not a regular file); "
+                                              "reading every .safetensors file instead"));
+    assert_true(output_contains("stdout.txt", "PASS"));
+    assert_int_equal(run_cli("scan '%s'", path_of("unindexed")), 1);
+    assert_true(output_contains("stdout.txt", "HEADER_INVALID"));
+    assert_int_equal(rmdir(index), 0);
+    static const char *const bad[][2] = {
+        {"{\"weight_map\": [", "expected near end of file"},
+        {"{\"weight_map\": {\"x\": \"../x.safetensors\"}}", "needs a \"weight_map\" of tensor -> shard file name"},
+    };
+    for (size_t i = 0; i < 2; i++) {
+        FILE *f = fopen(index, "w");
+        assert_non_null(f);
+        assert_true(fputs(bad[i][0], f) >= 0);
+        assert_int_equal(fclose(f), 0);
+        assert_int_equal(run_cli("replay '%s' --layer " LAYER " --backend ref", path_of("unindexed")), 0);
+        assert_true(output_contains("stderr.txt", "cannot use model.safetensors.index.json ("));
+        assert_true(output_contains("stderr.txt", bad[i][1]));
+        assert_true(output_contains("stdout.txt", "PASS"));
+    }
+    assert_int_equal(unlink(index), 0);
+}
+
 /* A plugin that cannot be loaded (FP4DOCTOR_PLUGINS) is an unreadable input, 3, as in backends
  * and check; replay said 4, fp4doctor's own failure. */
 static void test_replay_plugin_unloadable(void **state)
@@ -449,6 +482,7 @@ int main(void)
         cmocka_unit_test(test_replay_follows_the_index),
         cmocka_unit_test(test_replay_unreadable_indexed_shard),
         cmocka_unit_test(test_replay_unindexed_files),
+        cmocka_unit_test(test_replay_unusable_index),
         cmocka_unit_test(test_replay_plugin_unloadable),
         cmocka_unit_test(test_replay_timeout_grows_with_work),
         cmocka_unit_test(test_bench_huge_shape_skipped),

@@ -44,8 +44,6 @@
 
 /* ---- the checkpoint's files ------------------------------------------------------------------- */
 
-#define REPLAY_INDEX_NAME "model.safetensors.index.json"
-
 /* The files a loader reads, under scan's rules (docs/scan.md, "Shards"): with a valid index,
  * the shards its weight_map names, and each tensor only in the shard the index names for it;
  * without one, every .safetensors file of the folder (or the one file given). Opening every
@@ -104,60 +102,6 @@ static bool shards_add_indexed(replay_shards *s)
     return ok;
 }
 
-/* The index's weight_map when it is one scan follows (scan.c load_index): a regular file of at
- * most 256 MiB holding an object whose "weight_map" values are plain file names inside the
- * checkpoint folder. NULL when there is none ("no such file": *invalid stays empty) or when it
- * is there but unreadable or breaks those rules (*invalid says why; scan then reports it and
- * reads every .safetensors file, and so does replay). */
-static json_t *index_weight_map(const char *dir, char *invalid, size_t invalid_n)
-{
-    invalid[0] = '\0';
-    size_t n = strlen(dir) + sizeof REPLAY_INDEX_NAME + 1;
-    char *path = malloc(n);
-    if (!path) {
-        snprintf(invalid, invalid_n, "out of memory");
-        return NULL;
-    }
-    snprintf(path, n, "%s/%s", dir, REPLAY_INDEX_NAME);
-    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK); /* a FIFO must not block the open */
-    struct stat st;
-    if (fd < 0) {
-        const int err = errno;
-        if (err == ENOENT && lstat(path, &st) == 0 && S_ISLNK(st.st_mode))
-            snprintf(invalid, invalid_n, "a symbolic link to a missing file");
-        else if (err != ENOENT && err != ENOTDIR)
-            snprintf(invalid, invalid_n, "%s", strerror(err));
-        free(path);
-        return NULL;
-    }
-    free(path);
-    json_error_t err;
-    json_t *root = NULL;
-    if (fstat(fd, &st) != 0) snprintf(invalid, invalid_n, "%s", strerror(errno));
-    else if (!S_ISREG(st.st_mode)) snprintf(invalid, invalid_n, "not a regular file");
-    else if (st.st_size > (256 << 20)) snprintf(invalid, invalid_n, "over the 256 MiB limit");
-    else if (!(root = json_loadfd(fd, 0, &err))) snprintf(invalid, invalid_n, "%s", err.text);
-    close(fd);
-    json_t *map = json_object_get(root, "weight_map");
-    bool plain_names = json_is_object(map);
-    const char *tensor;
-    json_t *shard;
-    json_object_foreach(map, tensor, shard) {
-        const char *file = json_string_value(shard);
-        /* "..", "/x" or "" would lead outside the folder or nowhere: never followed */
-        if (!file || !*file || *file == '/' || strstr(file, "..")) plain_names = false;
-    }
-    if (root && !plain_names)
-        snprintf(invalid, invalid_n, "needs a \"weight_map\" of tensor -> shard file name");
-    if (!plain_names) {
-        json_decref(root);
-        return NULL;
-    }
-    json_incref(map);
-    json_decref(root);
-    return map;
-}
-
 /* Opens every listed file under dir (NULL: names[0] is the path itself). Returns an exit code:
  * a file that cannot be opened or parsed could hold the layer, or decide which copy of it a
  * loader reads, so it stops the replay with the file and the reason (4 when the process ran
@@ -177,10 +121,10 @@ static int shards_open_all(replay_shards *s, const char *dir, char *why, size_t 
         if (!s->files[i]) {
             if (s->weight_map)
                 snprintf(why, why_n, "a shard %s names cannot be read: %s [%s] (run fp4doctor scan)",
-                         REPLAY_INDEX_NAME, res.message, fp4d_st_error_name(res.error));
+                         SCAN_INDEX_NAME, res.message, fp4d_st_error_name(res.error));
             else if (dir)
                 snprintf(why, why_n, "%s [%s]; with no %s, any .safetensors file in the folder may hold the layer "
-                         "(run fp4doctor scan)", res.message, fp4d_st_error_name(res.error), REPLAY_INDEX_NAME);
+                         "(run fp4doctor scan)", res.message, fp4d_st_error_name(res.error), SCAN_INDEX_NAME);
             else
                 snprintf(why, why_n, "%s [%s] (run fp4doctor scan)", res.message, fp4d_st_error_name(res.error));
             return res.error == FP4D_ST_ERR_RESOURCE ? FP4D_EXIT_INTERNAL : FP4D_EXIT_INPUT;
@@ -199,11 +143,18 @@ static int shards_open(replay_shards *s, const char *ckpt, char *why, size_t why
         if (!shards_add_name(s, strdup(ckpt))) return FP4D_EXIT_INTERNAL;
         return shards_open_all(s, NULL, why, why_n);
     }
+    /* the index as scan reads it (scan_index_load): one that is there but unusable is said, and
+     * every .safetensors file read instead, as scan does */
     char invalid_index[256];
-    s->weight_map = index_weight_map(ckpt, invalid_index, sizeof invalid_index);
-    if (invalid_index[0])
+    scan_index_state index_state;
+    if (scan_index_load(ckpt, &index_state, &s->weight_map, invalid_index, sizeof invalid_index) != FP4D_STATUS_OK) {
+        closedir(d);
+        snprintf(why, why_n, "%s", fp4d_last_error());
+        return FP4D_EXIT_INTERNAL;
+    }
+    if (index_state == SCAN_INDEX_UNREADABLE || index_state == SCAN_INDEX_INVALID)
         fprintf(stderr, "fp4doctor replay: cannot use %s (%s); reading every .safetensors file instead "
-                        "(run fp4doctor scan)\n", REPLAY_INDEX_NAME, invalid_index);
+                        "(run fp4doctor scan)\n", SCAN_INDEX_NAME, invalid_index);
     bool listed = true;
     if (s->weight_map) {
         listed = shards_add_indexed(s);
@@ -219,7 +170,7 @@ static int shards_open(replay_shards *s, const char *ckpt, char *why, size_t why
     if (!s->count) {
         snprintf(why, why_n, s->weight_map ? "'%s': %s maps no tensor to a shard (run fp4doctor scan)"
                                            : "no .safetensors file in '%s' (run fp4doctor scan)",
-                 ckpt, REPLAY_INDEX_NAME);
+                 ckpt, SCAN_INDEX_NAME);
         return FP4D_EXIT_INPUT;
     }
     return shards_open_all(s, ckpt, why, why_n);
@@ -236,13 +187,13 @@ static const fp4d_st_tensor *shards_find(replay_shards *s, const char *name)
         for (size_t i = 0; !shard && i < s->count && !s->problem[0]; i++)
             if (fp4d_st_find(s->files[i], name))
                 snprintf(s->problem, sizeof s->problem, "%s is in %s but not in %s: loaders do not read it "
-                         "(run fp4doctor scan)", name, s->names[i], REPLAY_INDEX_NAME);
+                         "(run fp4doctor scan)", name, s->names[i], SCAN_INDEX_NAME);
         if (!shard) return NULL;
         char **at = bsearch(&shard, s->names, s->count, sizeof *s->names, cmp_name);
         const fp4d_st_tensor *t = at ? fp4d_st_find(s->files[at - s->names], name) : NULL;
         if (!t && !s->problem[0])
             snprintf(s->problem, sizeof s->problem, "%s maps %s to %s, which does not hold it (run fp4doctor scan)",
-                     REPLAY_INDEX_NAME, name, shard);
+                     SCAN_INDEX_NAME, name, shard);
         return t;
     }
     const fp4d_st_tensor *found = NULL;
@@ -254,7 +205,7 @@ static const fp4d_st_tensor *shards_find(replay_shards *s, const char *name)
             if (!s->problem[0])
                 snprintf(s->problem, sizeof s->problem, "%s is in both %s and %s, and there is no %s to say which "
                          "one a loader reads; remove the stale file or replay one file (run fp4doctor scan)",
-                         name, s->names[holder], s->names[i], REPLAY_INDEX_NAME);
+                         name, s->names[holder], s->names[i], SCAN_INDEX_NAME);
             return NULL;
         }
         found = t;

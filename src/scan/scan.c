@@ -587,24 +587,21 @@ static fp4d_status list_unindexed_shards(scan_ctx *c)
     return st;
 }
 
-static fp4d_status load_index(scan_ctx *c)
+fp4d_status scan_index_load(const char *dir, scan_index_state *state, json_t **weight_map, char *why,
+                            size_t why_len)
 {
-    static const char index_name[] = "model.safetensors.index.json";
-    char *p = path_join(c->root, index_name);
+    *weight_map = NULL;
+    *state = SCAN_INDEX_UNREADABLE;
+    char *p = path_join(dir, SCAN_INDEX_NAME);
     if (!p) return fp4d_set_error(FP4D_STATUS_NOMEM, "out of memory");
     size_t len = 0;
-    char *text = NULL, why[160];
-    small_file_state state;
-    fp4d_status rs = read_small_file(p, &text, &len, &state, why, sizeof why);
+    char *text = NULL;
+    small_file_state fs;
+    fp4d_status rs = read_small_file(p, &text, &len, &fs, why, why_len);
     free(p);
     FP4D_FORWARD_IF_ERROR(rs);
-    if (state == SMALL_FILE_ABSENT) return list_dir_shards(c);
-    if (state == SMALL_FILE_UNREADABLE) {
-        FP4D_FORWARD_IF_ERROR(add_finding(c, FP4D_FINDING_HEADER_INVALID, FP4D_SCAN_ERROR, NULL, index_name, 1,
-                                          "cannot read %s: %s; scanning every .safetensors file instead",
-                                          index_name, why));
-        return list_dir_shards(c);
-    }
+    if (fs == SMALL_FILE_ABSENT) *state = SCAN_INDEX_ABSENT;
+    if (fs != SMALL_FILE_READ) return FP4D_STATUS_OK;
     json_error_t err;
     json_t *root = json_loadb(text, len, 0, &err);
     free(text);
@@ -620,17 +617,42 @@ static fp4d_status load_index(scan_ctx *c)
             if (!s || !s[0] || s[0] == '/' || strstr(s, "..")) ok = false;
         }
     if (!ok) {
+        snprintf(why, why_len, "%s", root ? "needs a \"weight_map\" of tensor -> shard file name" : err.text);
         json_decref(root);
-        FP4D_FORWARD_IF_ERROR(add_finding(c, FP4D_FINDING_HEADER_INVALID, FP4D_SCAN_ERROR, NULL, index_name, 1,
+        *state = SCAN_INDEX_INVALID;
+        return FP4D_STATUS_OK;
+    }
+    *weight_map = json_incref(wm);
+    json_decref(root);
+    *state = SCAN_INDEX_VALID;
+    return FP4D_STATUS_OK;
+}
+
+static fp4d_status load_index(scan_ctx *c)
+{
+    char why[256];
+    scan_index_state state;
+    json_t *wm = NULL;
+    FP4D_FORWARD_IF_ERROR(scan_index_load(c->root, &state, &wm, why, sizeof why));
+    if (state == SCAN_INDEX_ABSENT) return list_dir_shards(c);
+    if (state == SCAN_INDEX_UNREADABLE) {
+        FP4D_FORWARD_IF_ERROR(add_finding(c, FP4D_FINDING_HEADER_INVALID, FP4D_SCAN_ERROR, NULL, SCAN_INDEX_NAME, 1,
+                                          "cannot read %s: %s; scanning every .safetensors file instead",
+                                          SCAN_INDEX_NAME, why));
+        return list_dir_shards(c);
+    }
+    if (state == SCAN_INDEX_INVALID) {
+        FP4D_FORWARD_IF_ERROR(add_finding(c, FP4D_FINDING_HEADER_INVALID, FP4D_SCAN_ERROR, NULL, SCAN_INDEX_NAME, 1,
                                           "%s is not a valid index (needs a \"weight_map\" of tensor -> shard "
                                           "file name); scanning every .safetensors file instead",
-                                          index_name));
+                                          SCAN_INDEX_NAME));
         return list_dir_shards(c);
     }
     c->have_index = true;
-    c->weight_map = json_incref(wm);
-    json_decref(root);
+    c->weight_map = wm;
     /* Shards in sorted order, so reports are stable. */
+    const char *k;
+    json_t *v;
     size_t n = json_object_size(wm), i = 0;
     char **names = calloc(n ? n : 1, sizeof *names);
     if (!names) return fp4d_set_error(FP4D_STATUS_NOMEM, "out of memory");

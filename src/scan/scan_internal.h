@@ -3,10 +3,33 @@
 #define FP4D_SCAN_INTERNAL_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
+
+#include <jansson.h>
 
 #include "fp4doctor/io.h"
 #include "fp4doctor/scan.h"
+
+/* ---- scan.c: the shard index, as scan and replay both read it (docs/scan.md, "Shards") ---- */
+#define SCAN_INDEX_NAME "model.safetensors.index.json"
+
+typedef enum scan_index_state {
+    SCAN_INDEX_ABSENT,     /* no such file: every .safetensors file of the folder is read */
+    SCAN_INDEX_VALID,      /* *weight_map is the index's weight_map */
+    SCAN_INDEX_UNREADABLE, /* there but cannot be read (no permission, a link loop, a directory, ...) */
+    SCAN_INDEX_INVALID,    /* read, but not JSON, or no "weight_map" of plain shard file names */
+} scan_index_state;
+
+/* Reads dir/model.safetensors.index.json. A usable index is a regular file of at most 256 MiB
+ * holding an object whose "weight_map" maps each tensor to a plain file name inside dir ("..",
+ * absolute and empty names would lead outside the folder or nowhere: never followed). On
+ * SCAN_INDEX_VALID *weight_map is set (the caller json_decref()s it); otherwise it is NULL and,
+ * for UNREADABLE and INVALID, why says what is wrong (the strerror text, "not a regular file",
+ * the JSON parser's message, ...). Fails (NOMEM) only on a limit of this process: out of memory
+ * or descriptors. */
+fp4d_status scan_index_load(const char *dir, scan_index_state *state, json_t **weight_map, char *why,
+                            size_t why_len);
 
 /* ---- quant_config.c ---- */
 bool        scan_qc_format_known(const fp4d_quant_config *c);
