@@ -354,6 +354,44 @@ static void test_out_permissions(void **state)
     closedir(d);
 }
 
+/* A replaced output keeps its permission bits (0777) and nothing more: the set-user-ID,
+ * set-group-ID and sticky bits are not carried to the file that replaces it. Report files
+ * (cli_open_output) kept all of 07777, so a report written over a 06755 file came back
+ * set-id, while the safetensors writer (quantize's OUT) kept only 0777: one rule for both. */
+static void test_out_set_id_bits_not_kept(void **state)
+{
+    (void)state;
+    float v[4 * 32];
+    for (int i = 0; i < 4 * 32; i++) v[i] = (float)(i % 7) - 3.0f;
+    fp4d_st_writer *w = fp4d_st_writer_new();
+    int64_t s[2] = {4, 32};
+    assert_int_equal(fp4d_st_writer_add(w, "a", FP4D_ST_F32, 2, s, v, sizeof v), 0);
+    save_file(w, "sid_in.safetensors", NULL, NULL);
+    char in[512], report[512], out[512];
+    snprintf(in, sizeof in, "%s", path_of("sid_in.safetensors"));
+    snprintf(report, sizeof report, "%s", path_of("sid_report.json"));
+    snprintf(out, sizeof out, "%s", path_of("sid_out.safetensors"));
+    static const mode_t before[] = {06755, 04750, 01777, 02640};
+    for (size_t i = 0; i < sizeof before / sizeof *before; i++) {
+        FILE *f = fopen(report, "w");
+        assert_non_null(f);
+        assert_int_equal(fclose(f), 0);
+        assert_int_equal(chmod(report, before[i]), 0);
+        assert_int_equal(mode_of(report), before[i]);
+        assert_int_equal(run_with("umask 077;", "scan '%s' --json '%s'", in, report), 0);
+        assert_int_equal(mode_of(report), before[i] & 0777);
+        struct stat sb;
+        assert_int_equal(stat(report, &sb), 0);
+        assert_true(sb.st_size > 0); /* the report was written, not the empty file left */
+
+        assert_int_equal(run_cli("quantize '%s' '%s'", in, out), 0);
+        assert_int_equal(chmod(out, before[i]), 0);
+        assert_int_equal(run_with("umask 077;", "quantize '%s' '%s'", in, out), 0);
+        assert_int_equal(mode_of(out), before[i] & 0777);
+        assert_int_equal(unlink(out), 0);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -364,6 +402,7 @@ int main(void)
         cmocka_unit_test(test_empty_out_is_usage_error),
         cmocka_unit_test(test_out_is_in_and_perturbed_verify),
         cmocka_unit_test(test_out_permissions),
+        cmocka_unit_test(test_out_set_id_bits_not_kept),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
