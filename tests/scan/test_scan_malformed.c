@@ -482,6 +482,21 @@ static void test_unreadable_index_and_configs(void **s)
         assert_contains(fd->message, "cannot read model.safetensors.index.json: ");
         assert_contains(fd->message, k == LOOP ? strerror(ELOOP) : k == NO_PERMISSION ? strerror(EACCES) : why[k]);
         assert_contains(fd->message, "scanning every .safetensors file instead");
+        /* Without a usable index the folder is read as if it had none, and then the stale
+         * copy's tensors are in two files: which one a loader takes is undefined (vLLM loads
+         * every file when the index is not a regular file), and replay refuses such a layer.
+         * They stay DUPLICATE_TENSOR errors, each naming both files (docs/scan.md, "Shards"). */
+        assert_int_equal(fp4d_scan_report_count(r), 3);
+        for (size_t i = 0; i < 3; i++) {
+            const fp4d_scan_finding *d = fp4d_scan_report_get(r, i);
+            if (d == fd) continue;
+            assert_int_equal(d->code, FP4D_FINDING_DUPLICATE_TENSOR);
+            assert_true(!strcmp(d->tensor, "a") || !strcmp(d->tensor, "b"));
+            assert_int_equal(d->count, 2);
+            assert_int_equal(d->severity, FP4D_SCAN_ERROR);
+            assert_contains(d->message, "model-00001-of-00001.safetensors");
+            assert_contains(d->message, "stale.safetensors");
+        }
         fp4d_scan_report_free(r);
         if (k == NO_PERMISSION) {
             assert_int_equal(chmod(path, 0644), 0);
