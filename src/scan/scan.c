@@ -128,6 +128,7 @@ typedef struct scan_unit {
     char     *module;      /* X */
     int64_t   weight, scale, global, input; /* tensor indices, -1 when absent */
     bool      is_mx;
+    bool      format_untold; /* ModelOpt X.weight with no scale, nothing saying NVFP4 or MXFP4 */
     int64_t   block;       /* 16 or 32 elements per scale */
     bool      joint_ok;    /* weight and scale shapes agree: codes can be checked per block */
     int64_t   rows, scale_cols, block_bytes;
@@ -1086,9 +1087,34 @@ static fp4d_status add_unit(scan_ctx *c, unit_kind kind, const char *module, int
     return FP4D_STATUS_OK;
 }
 
+/* What a ModelOpt packed X.weight with no scale of its own (neither X.weight_scale nor
+ * X.weight_scale_2) is: what the config names, else what the checkpoint's other packed
+ * weights are - a weight_scale_2 or an F8_E4M3 block scale is NVFP4's, a U8/F8_E8M0 one
+ * MXFP4's. Neither, or both: it cannot be told, and MISSING_COMPANION names only the block
+ * scale, which both need; it named NVFP4's weight_scale_2 too, in an MXFP4 checkpoint. */
+typedef enum mo_told { MO_TOLD_UNKNOWN, MO_TOLD_NVFP4, MO_TOLD_MXFP4 } mo_told;
+
+static mo_told modelopt_format_told(const scan_ctx *c)
+{
+    if (c->qc && scan_qc_format_known(c->qc)) return scan_qc_is_mx(c->qc) ? MO_TOLD_MXFP4 : MO_TOLD_NVFP4;
+    bool nv = false, mx = false;
+    for (size_t i = 0; i < c->num_tensors && !(nv && mx); i++) {
+        const scan_tensor *t = &c->tensors[i];
+        const size_t len = strlen(t->name);
+        if (!ends_with(t->name, ".weight") || !t->trusted || t->dtype != FP4D_ST_U8) continue;
+        const int64_t s = find_companion_n(c, t->name, len - 7, ".weight_scale");
+        if (find_companion_n(c, t->name, len - 7, ".weight_scale_2") >= 0) nv = true;
+        else if (fp4_scale_pair(c, t, s) && c->tensors[s].dtype == FP4D_ST_F8_E4M3) nv = true;
+        else if (fp4_scale_pair(c, t, s)) mx = true;
+    }
+    return nv == mx ? MO_TOLD_UNKNOWN : nv ? MO_TOLD_NVFP4 : MO_TOLD_MXFP4;
+}
+
 static fp4d_status build_units(scan_ctx *c)
 {
     bool mo_mx_config = c->qc && scan_qc_is_mx(c->qc) && c->format == FP4D_CKPT_MODELOPT_NVFP4;
+    bool told_known = false; /* modelopt_format_told, worked out at the first weight that needs it */
+    mo_told told = MO_TOLD_UNKNOWN;
     for (size_t i = 0; i < c->num_tensors; i++) {
         if (!is_first(c, i)) continue;
         scan_tensor *t = &c->tensors[i];
@@ -1096,6 +1122,7 @@ static fp4d_status build_units(scan_ctx *c)
         size_t len = strlen(n);
         char *module = NULL;
         unit_kind kind;
+        bool untold = false;
         if (ends_with(n, ".weight_packed")) {
             module = strndup(n, len - 14);
             if (!module) return fp4d_set_error(FP4D_STATUS_NOMEM, "out of memory");
@@ -1117,10 +1144,17 @@ static fp4d_status build_units(scan_ctx *c)
                 free(module);
                 continue;
             }
-            /* A ue8m0 scale with no scale_2 is ModelOpt's MXFP4; NVFP4 otherwise. */
+            /* A ue8m0 scale with no scale_2 is ModelOpt's MXFP4; NVFP4 otherwise. With no scale
+             * at all, what the config or the other layers say (modelopt_format_told). */
             bool mx = s2 < 0 && (mo_mx_config || (s >= 0 && c->tensors[s].trusted &&
                                                   (c->tensors[s].dtype == FP4D_ST_U8 ||
                                                    c->tensors[s].dtype == FP4D_ST_F8_E8M0)));
+            if (s2 < 0 && s < 0 && !told_known) {
+                told = modelopt_format_told(c);
+                told_known = true;
+            }
+            untold = s2 < 0 && s < 0 && told == MO_TOLD_UNKNOWN;
+            if (s2 < 0 && s < 0 && told == MO_TOLD_MXFP4) mx = true;
             kind = mx ? UNIT_MO_MXFP4 : UNIT_MO_NVFP4;
         } else {
             continue;
@@ -1128,6 +1162,7 @@ static fp4d_status build_units(scan_ctx *c)
         fp4d_status st = add_unit(c, kind, module, (int64_t)i);
         free(module);
         FP4D_FORWARD_IF_ERROR(st);
+        c->units[c->num_units - 1].format_untold = untold;
     }
     return FP4D_STATUS_OK;
 }
@@ -1197,7 +1232,7 @@ static fp4d_status check_unit_structure(scan_ctx *c, scan_unit *u)
     size_t nmissing = 0;
     bool want_input = scan_qc_input_scales(c->qc) && u->kind != UNIT_CT_MXFP4 && u->kind != UNIT_GPTOSS;
     if (u->scale < 0) missing[nmissing++] = u->kind == UNIT_GPTOSS ? "_scales" : ".weight_scale";
-    if (u->global < 0 && (u->kind == UNIT_MO_NVFP4 || u->kind == UNIT_CT_NVFP4))
+    if (u->global < 0 && (u->kind == UNIT_MO_NVFP4 || u->kind == UNIT_CT_NVFP4) && !u->format_untold)
         missing[nmissing++] = u->kind == UNIT_MO_NVFP4 ? ".weight_scale_2" : ".weight_global_scale";
     if (u->input < 0 && want_input)
         missing[nmissing++] = u->kind == UNIT_CT_NVFP4 ? ".input_global_scale" : ".input_scale";
@@ -1205,8 +1240,15 @@ static fp4d_status check_unit_structure(scan_ctx *c, scan_unit *u)
         char list[512] = "";
         for (size_t i = 0; i < nmissing; i++)
             snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s%s", i ? ", " : "", u->module, missing[i]);
-        FP4D_FORWARD_IF_ERROR(add_finding(c, FP4D_FINDING_MISSING_COMPANION, FP4D_SCAN_ERROR, w->name, wfile, nmissing,
-                                          "%s has no %s: the layer cannot be dequantized", w->name, list));
+        if (u->format_untold)
+            FP4D_FORWARD_IF_ERROR(add_finding(c, FP4D_FINDING_MISSING_COMPANION, FP4D_SCAN_ERROR, w->name, wfile,
+                                              nmissing, "%s has no %s: the layer cannot be dequantized (no config "
+                                              "or other layer tells NVFP4 from MXFP4; NVFP4 would also need "
+                                              "%s.weight_scale_2)", w->name, list, u->module));
+        else
+            FP4D_FORWARD_IF_ERROR(add_finding(c, FP4D_FINDING_MISSING_COMPANION, FP4D_SCAN_ERROR, w->name, wfile,
+                                              nmissing, "%s has no %s: the layer cannot be dequantized", w->name,
+                                              list));
     }
     /* Exclusions. */
     if (c->have_config && fp4d_quant_config_is_excluded(c->qc, u->module))

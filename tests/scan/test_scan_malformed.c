@@ -580,6 +580,59 @@ static void test_packed_weight_without_global_scale(void **s)
     fp4d_scan_report_free(r);
 }
 
+/* The one MISSING_COMPANION of r, about b.weight, naming `count` companions. */
+static const char *missing_for_b(const fp4d_scan_report *r, uint64_t count)
+{
+    assert_single(r, FP4D_FINDING_MISSING_COMPANION, "b.weight", count);
+    const char *msg = fp4d_scan_report_get(r, 0)->message;
+    assert_contains(msg, "b.weight has no b.weight_scale");
+    return msg;
+}
+
+/* A packed U8 b.weight with no scale at all, and no config. It was always taken for NVFP4 and
+ * said to lack b.weight_scale_2 as well, in a checkpoint whose other layers are MXFP4 (which
+ * has no global scale). The format is what the other layers say: their ue8m0 block scales make
+ * it MXFP4 (only the block scale is missing), a weight_scale_2 or e4m3 block scales NVFP4 (both
+ * are); where they disagree it cannot be told, and only the block scale, which both formats
+ * need, is counted missing. */
+static void test_packed_weight_without_any_scale(void **s)
+{
+    (void)s;
+    const char *mx = "{\"a.weight\":{\"dtype\":\"U8\",\"shape\":[100,32],\"data_offsets\":[0,3200]},"
+                     "\"a.weight_scale\":{\"dtype\":\"%s\",\"shape\":[100,2],\"data_offsets\":[3200,3400]},"
+                     "\"b.weight\":{\"dtype\":\"U8\",\"shape\":[100,32],\"data_offsets\":[3400,6600]}}";
+    static const char *const mx_scales[] = {"U8", "F8_E8M0"};
+    char h[1024];
+    for (size_t i = 0; i < 2; i++) {
+        snprintf(h, sizeof h, mx, mx_scales[i]);
+        fp4d_scan_report *r = scan_one(write_st("mx_no_scale.safetensors", h, ~0ull, 6600, ~0ull));
+        const char *msg = missing_for_b(r, 1);
+        if (strstr(msg, "weight_scale_2")) fail_msg("NVFP4's global scale named in an MXFP4 checkpoint: %s", msg);
+        fp4d_scan_report_free(r);
+    }
+
+    const char *nv = "{\"a.weight\":{\"dtype\":\"U8\",\"shape\":[100,32],\"data_offsets\":[0,3200]},"
+                     "\"a.weight_scale\":{\"dtype\":\"F8_E4M3\",\"shape\":[100,4],\"data_offsets\":[3200,3600]},"
+                     "\"a.weight_scale_2\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[3600,3604]},"
+                     "\"b.weight\":{\"dtype\":\"U8\",\"shape\":[100,32],\"data_offsets\":[3604,6804]}}";
+    fp4d_scan_report *r = scan_one(write_st("nv_no_scale.safetensors", nv, ~0ull, 6804, ~0ull));
+    assert_contains(missing_for_b(r, 2), "b.weight_scale, b.weight_scale_2: the layer cannot be dequantized");
+    fp4d_scan_report_free(r);
+
+    /* one MXFP4 layer, one NVFP4 layer: which b is cannot be told */
+    const char *both = "{\"a.weight\":{\"dtype\":\"U8\",\"shape\":[100,32],\"data_offsets\":[0,3200]},"
+                       "\"a.weight_scale\":{\"dtype\":\"U8\",\"shape\":[100,2],\"data_offsets\":[3200,3400]},"
+                       "\"c.weight\":{\"dtype\":\"U8\",\"shape\":[100,32],\"data_offsets\":[3400,6600]},"
+                       "\"c.weight_scale\":{\"dtype\":\"F8_E4M3\",\"shape\":[100,4],\"data_offsets\":[6600,7000]},"
+                       "\"c.weight_scale_2\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[7000,7004]},"
+                       "\"b.weight\":{\"dtype\":\"U8\",\"shape\":[100,32],\"data_offsets\":[7004,10204]}}";
+    r = scan_one(write_st("mixed_no_scale.safetensors", both, ~0ull, 10204, ~0ull));
+    const char *msg = missing_for_b(r, 1);
+    assert_contains(msg, "has no b.weight_scale: the layer cannot be dequantized");
+    assert_contains(msg, "tells NVFP4 from MXFP4; NVFP4 would also need b.weight_scale_2");
+    fp4d_scan_report_free(r);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -587,6 +640,7 @@ int main(void)
         cmocka_unit_test(test_folders),
         cmocka_unit_test(test_unreadable_index_and_configs),
         cmocka_unit_test(test_packed_weight_without_global_scale),
+        cmocka_unit_test(test_packed_weight_without_any_scale),
         cmocka_unit_test(test_not_a_checkpoint_file),
         cmocka_unit_test(test_scale_shape_messages),
         cmocka_unit_test(test_codes_typed_f4),
