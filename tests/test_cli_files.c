@@ -55,6 +55,18 @@ static void save_file(fp4d_st_writer *w, const char *name, const char *meta_key,
     fp4d_st_writer_free(w);
 }
 
+/* A 4 x 32 F32 tensor "a" of values (i % period) - period / 2, saved to dir/name: an input
+ * quantize takes. */
+static void save_f32_input(const char *name, int period)
+{
+    float v[4 * 32];
+    for (int i = 0; i < 4 * 32; i++) v[i] = (float)(i % period - period / 2);
+    fp4d_st_writer *w = fp4d_st_writer_new();
+    int64_t s[2] = {4, 32};
+    assert_int_equal(fp4d_st_writer_add(w, "a", FP4D_ST_F32, 2, s, v, sizeof v), 0);
+    save_file(w, name, NULL, NULL);
+}
+
 /* The data limit (KiB, `ulimit -d`) under which this fp4doctor starts at all: linked with the
  * CUDA libraries it needs 128-256 MiB for their writable segments before doing anything,
  * without them a few MiB. Found by bisection on `--version`, in 4 MiB steps. */
@@ -203,12 +215,7 @@ static void test_empty_quantized_tensor_message(void **state)
 static void test_empty_out_is_usage_error(void **state)
 {
     (void)state;
-    float v[4 * 32];
-    for (int i = 0; i < 4 * 32; i++) v[i] = (float)(i % 7) - 3.0f;
-    fp4d_st_writer *w = fp4d_st_writer_new();
-    int64_t s[2] = {4, 32};
-    assert_int_equal(fp4d_st_writer_add(w, "a", FP4D_ST_F32, 2, s, v, sizeof v), 0);
-    save_file(w, "e_in.safetensors", NULL, NULL);
+    save_f32_input("e_in.safetensors", 7);
     assert_int_equal(run_cli("quantize '%s' '%s'", path_of("e_in.safetensors"), path_of("e_q.safetensors")), 0);
 
     assert_int_equal(run_cli("quantize '%s' ''", path_of("e_in.safetensors")), 2);
@@ -290,12 +297,7 @@ static mode_t mode_of(const char *path)
 static void test_out_permissions(void **state)
 {
     (void)state;
-    float v[4 * 32];
-    for (int i = 0; i < 4 * 32; i++) v[i] = (float)(i % 5) - 2.0f;
-    fp4d_st_writer *w = fp4d_st_writer_new();
-    int64_t s[2] = {4, 32};
-    assert_int_equal(fp4d_st_writer_add(w, "a", FP4D_ST_F32, 2, s, v, sizeof v), 0);
-    save_file(w, "p_in.safetensors", NULL, NULL);
+    save_f32_input("p_in.safetensors", 5);
     assert_int_equal(chmod(path_of("p_in.safetensors"), 0644), 0);
     char in[512], out[512];
     snprintf(in, sizeof in, "%s", path_of("p_in.safetensors"));
@@ -361,12 +363,7 @@ static void test_out_permissions(void **state)
 static void test_out_set_id_bits_not_kept(void **state)
 {
     (void)state;
-    float v[4 * 32];
-    for (int i = 0; i < 4 * 32; i++) v[i] = (float)(i % 7) - 3.0f;
-    fp4d_st_writer *w = fp4d_st_writer_new();
-    int64_t s[2] = {4, 32};
-    assert_int_equal(fp4d_st_writer_add(w, "a", FP4D_ST_F32, 2, s, v, sizeof v), 0);
-    save_file(w, "sid_in.safetensors", NULL, NULL);
+    save_f32_input("sid_in.safetensors", 7);
     char in[512], report[512], out[512];
     snprintf(in, sizeof in, "%s", path_of("sid_in.safetensors"));
     snprintf(report, sizeof report, "%s", path_of("sid_report.json"));
