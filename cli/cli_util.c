@@ -204,11 +204,8 @@ FILE *cli_open_output(const char *cmd, const char *path)
     /* beside a regular file of one link, or a new one; else - or where no temporary file can be
      * made (a directory we may not write, a name at the length limit) - in place, as before */
     if (final_path && (!exists || (S_ISREG(st.st_mode) && st.st_nlink == 1))) {
-        const mode_t mask = umask(0);
-        umask(mask);
-        /* the old file's permission bits, or those fopen would give a new one; set-id and
-         * sticky bits are not carried to the new file, as the safetensors writer does not */
-        fd = fp4d_replace_begin(path, exists ? (st.st_mode & 0777) : (0666 & ~mask), &tmp);
+        /* the old file's permission bits, or those fopen would give a new one */
+        fd = fp4d_replace_begin(path, fp4d_replace_mode(exists ? &st : NULL), &tmp);
     }
     FILE *f = fd >= 0 ? fdopen(fd, "w") : fopen(path, "w");
     if (!f) {

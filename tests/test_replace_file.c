@@ -128,6 +128,35 @@ static void test_failures_are_errors_and_leave_nothing(void **state)
     rmdir(sub);
 }
 
+/* One rule for a replacement's permissions: a new file gets 0666 less the umask (what fopen
+ * would give it), an existing one keeps its own permission bits but not set-id or sticky ones,
+ * and reading the umask leaves it as it was (umask() to read it sets it, for a moment, for
+ * every thread). */
+static void test_mode_follows_the_old_file_or_the_umask(void **state)
+{
+    (void)state;
+    const mode_t saved = umask(027);
+    assert_int_equal(fp4d_replace_mode(NULL), 0640);
+    assert_int_equal(umask(027), 027); /* unchanged by the call */
+    umask(077);
+    assert_int_equal(fp4d_replace_mode(NULL), 0600);
+    assert_int_equal(umask(077), 077);
+
+    char path[600];
+    path_in_dir(path, sizeof path, "m.bin");
+    write_text(path, "m");
+    struct stat st;
+    assert_int_equal(chmod(path, 0604), 0);
+    assert_int_equal(lstat(path, &st), 0);
+    assert_int_equal(fp4d_replace_mode(&st), 0604); /* its own, whatever the umask */
+    assert_int_equal(chmod(path, 04755), 0);
+    assert_int_equal(lstat(path, &st), 0);
+    assert_int_equal(st.st_mode & 07777, 04755);
+    assert_int_equal(fp4d_replace_mode(&st), 0755);
+    assert_int_equal(umask(saved), 077);
+    unlink(path);
+}
+
 static int setup(void **state)
 {
     (void)state;
@@ -146,6 +175,7 @@ int main(void)
         cmocka_unit_test(test_commit_replaces_with_the_mode_asked_for),
         cmocka_unit_test(test_abort_keeps_the_old_file),
         cmocka_unit_test(test_failures_are_errors_and_leave_nothing),
+        cmocka_unit_test(test_mode_follows_the_old_file_or_the_umask),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -8,6 +8,32 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+/* The process's umask, read without changing it: umask() sets it too, and for that moment
+ * another thread's new files would get the wrong permissions. /proc/self/status has it since
+ * Linux 4.7; elsewhere, umask() twice. */
+static mode_t replace_current_umask(void)
+{
+    FILE *f = fopen("/proc/self/status", "re");
+    if (f) {
+        char line[256];
+        unsigned int m;
+        while (fgets(line, sizeof line, f))
+            if (sscanf(line, "Umask: %o", &m) == 1) {
+                fclose(f);
+                return (mode_t)(m & 0777);
+            }
+        fclose(f);
+    }
+    const mode_t m = umask(022);
+    umask(m);
+    return m;
+}
+
+mode_t fp4d_replace_mode(const struct stat *old)
+{
+    return old ? (old->st_mode & 0777) : (0666 & ~replace_current_umask());
+}
+
 int fp4d_replace_begin(const char *path, mode_t mode, char **tmp)
 {
     *tmp = NULL;

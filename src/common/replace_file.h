@@ -9,7 +9,15 @@
 #define FP4D_REPLACE_FILE_H
 
 #include <stdbool.h>
+#include <sys/stat.h>
 #include <sys/types.h>
+
+/* The permission bits a replaced file gets: the old file's (old, as lstat() gave it), or, for a
+ * new file (old NULL), 0666 less the process's umask, as fopen() would give it. Set-id and
+ * sticky bits are not carried to the new file. The umask is read without being changed, so
+ * another thread creating a file meanwhile is not affected. The safetensors writer and the
+ * CLI's report files both use it, so an output's permissions follow one rule. */
+mode_t fp4d_replace_mode(const struct stat *old);
 
 /* Creates the temporary file for `path` ("PATH.tmp-XXXXXX", permissions `mode`, as given:
  * no umask) and returns its descriptor, with its name in *tmp (malloc'd); -1 with errno set

@@ -197,27 +197,6 @@ static fp4d_status st_build_header(fp4d_st_writer *w, st_write_entry **order, ch
     return FP4D_STATUS_OK;
 }
 
-/* The process's umask, read without changing it: umask() sets it too, and for that moment
- * another thread's new files would get the wrong permissions. /proc/self/status has it since
- * Linux 4.7; elsewhere, umask() twice. */
-static mode_t st_current_umask(void)
-{
-    FILE *f = fopen("/proc/self/status", "re");
-    if (f) {
-        char line[256];
-        unsigned int m;
-        while (fgets(line, sizeof line, f))
-            if (sscanf(line, "Umask: %o", &m) == 1) {
-                fclose(f);
-                return (mode_t)(m & 0777);
-            }
-        fclose(f);
-    }
-    const mode_t m = umask(022);
-    umask(m);
-    return m;
-}
-
 fp4d_status fp4d_st_writer_save(fp4d_st_writer *w, const char *path)
 {
     FP4D_RETURN_ERROR_IF(!w || !path || !path[0], INVALID_ARG, "safetensors writer: NULL writer or empty path");
@@ -233,10 +212,10 @@ fp4d_status fp4d_st_writer_save(fp4d_st_writer *w, const char *path)
      * so (renaming over it needs only the folder to be writable, so without this check a 0444
      * file, even someone else's, was replaced); an existing file keeps its permissions (an
      * 0600 output became 0644, readable by all); a new one gets 0666 less the umask, as
-     * fopen() would give it. Set-id and sticky bits are not carried to the new file. */
+     * fopen() would give it (fp4d_replace_mode). */
     FP4D_RETURN_ERROR_IF(exists && access(path, W_OK) != 0, IO, "cannot write '%s': %s (an existing output is "
                          "replaced only where it may be written)", path, strerror(errno));
-    const mode_t mode = exists ? (old.st_mode & 0777) : (0666 & ~st_current_umask());
+    const mode_t mode = fp4d_replace_mode(exists ? &old : NULL);
 
     st_write_entry **order = malloc((w->count ? w->count : 1) * sizeof *order);
     FP4D_RETURN_ERROR_IF(!order, NOMEM, "safetensors writer: out of memory");
