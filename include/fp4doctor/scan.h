@@ -3,10 +3,10 @@
  * (`fp4doctor scan`), the quant-config parser it uses, and a generator of tiny test
  * checkpoints with chosen defects planted (used by the tests and the benchmark).
  *
- * Formats recognised (spec §7): ModelOpt NVFP4 (incl. MIXED_PRECISION), compressed-tensors
- * nvfp4-pack-quantized / mxfp4-pack-quantized, gpt-oss MXFP4 (*_blocks / *_scales) and plain
- * bf16/fp16/f32/fp8 tensors. docs/scan.md defines every finding code, its severity and what
- * its count counts.
+ * Formats recognised (spec §7): ModelOpt NVFP4 (incl. MIXED_PRECISION) and MXFP4,
+ * compressed-tensors nvfp4-pack-quantized / mxfp4-pack-quantized, gpt-oss MXFP4 (*_blocks /
+ * *_scales) and plain bf16/fp16/f32/fp8 tensors. docs/scan.md defines every finding code, its
+ * severity and what its count counts.
  */
 #ifndef FP4DOCTOR_SCAN_H
 #define FP4DOCTOR_SCAN_H
@@ -120,8 +120,11 @@ size_t                   fp4d_scan_report_count(const fp4d_scan_report *r);
 const fp4d_scan_finding *fp4d_scan_report_get(const fp4d_scan_report *r, size_t i);
 /* Number of findings with severity >= s. */
 size_t      fp4d_scan_report_count_at_least(const fp4d_scan_report *r, fp4d_scan_severity s);
-/* "modelopt-nvfp4", "modelopt-mixed", "compressed-tensors-nvfp4",
- * "compressed-tensors-mxfp4", "gpt-oss-mxfp4", "unquantized". */
+/* "modelopt-nvfp4", "modelopt-mxfp4", "modelopt-mixed", "compressed-tensors-nvfp4",
+ * "compressed-tensors-mxfp4", "gpt-oss-mxfp4", "unquantized". The ModelOpt ones all have
+ * fp4d_ckpt_format FP4D_CKPT_MODELOPT_NVFP4: "modelopt-mxfp4" where the config names an MXFP4
+ * algorithm (W4A8_MXFP4_FP8) or every ModelOpt layer is MXFP4 (ue8m0 block scales, no
+ * weight_scale_2), "modelopt-mixed" for MIXED_PRECISION. */
 const char *fp4d_scan_report_format(const fp4d_scan_report *r);
 /* Most likely quantizer ("modelopt", "compressed-tensors", "trtllm-or-flashinfer",
  * "torchao", "unknown") from the zero-block scale byte and the global-scale convention. */
@@ -136,7 +139,7 @@ void        fp4d_scan_report_print(const fp4d_scan_report *r, FILE *f, bool colo
  * by replay; also fuzzed (fuzz/fuzz_quant_config.c). */
 typedef enum fp4d_ckpt_format {
     FP4D_CKPT_UNQUANTIZED    = 0,
-    FP4D_CKPT_MODELOPT_NVFP4 = 1, /* incl. MIXED_PRECISION */
+    FP4D_CKPT_MODELOPT_NVFP4 = 1, /* incl. MIXED_PRECISION and ModelOpt MXFP4 */
     FP4D_CKPT_CT_NVFP4       = 2,
     FP4D_CKPT_CT_MXFP4       = 3,
     FP4D_CKPT_GPTOSS_MXFP4   = 4,

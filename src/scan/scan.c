@@ -168,6 +168,8 @@ struct fp4d_scan_report {
     char             *path;
     fp4d_ckpt_format  format;
     bool              mixed;
+    bool              modelopt_mxfp4; /* format is FP4D_CKPT_MODELOPT_NVFP4, the layers MXFP4 */
+    bool              mxfp4_only;     /* every quantized linear is MXFP4: no global scales */
     bool              scales_only;
     char             *writer;
     char             *writer_confidence;
@@ -1108,6 +1110,23 @@ static mo_told modelopt_format_told(const scan_ctx *c)
         else if (fp4_scale_pair(c, t, s)) mx = true;
     }
     return nv == mx ? MO_TOLD_UNKNOWN : nv ? MO_TOLD_NVFP4 : MO_TOLD_MXFP4;
+}
+
+/* Whether a ModelOpt checkpoint is MXFP4 (W4A8_MXFP4_FP8) rather than NVFP4: its config names
+ * an MXFP4 algorithm (and is not MIXED_PRECISION), or every ModelOpt layer is MXFP4 (one NVFP4
+ * layer, or one whose format cannot be told, leaves it NVFP4). fp4d_ckpt_format has one
+ * value for both (a new one would change FP4D_CKPT_FORMAT_COUNT and the generator's API), so
+ * the report keeps this beside the format and fp4d_scan_report_format names it. */
+static bool modelopt_is_mxfp4(const scan_ctx *c)
+{
+    if (c->format != FP4D_CKPT_MODELOPT_NVFP4 || fp4d_quant_config_is_mixed(c->qc)) return false;
+    if (scan_qc_is_mx(c->qc)) return true;
+    size_t mx = 0;
+    for (size_t i = 0; i < c->num_units; i++) {
+        if (c->units[i].kind == UNIT_MO_NVFP4) return false;
+        mx += c->units[i].kind == UNIT_MO_MXFP4;
+    }
+    return mx > 0;
 }
 
 static fp4d_status build_units(scan_ctx *c)
@@ -2160,8 +2179,10 @@ static fp4d_status fingerprint(scan_ctx *c)
 {
     uint64_t zsum[256] = {0}, hsum[256] = {0}, mx_zero[256] = {0};
     bool any_nv = false, data = false, any_encode = false, any_decode = false, any_mx_data = false;
+    bool mx_only = c->num_units > 0;
     for (size_t i = 0; i < c->num_units; i++) {
         scan_unit *u = &c->units[i];
+        if (!u->is_mx) mx_only = false;
         if (u->kind == UNIT_CT_NVFP4) any_encode = true;
         if (u->kind == UNIT_MO_NVFP4) any_decode = true;
         if (!u->scanned) continue;
@@ -2178,6 +2199,7 @@ static fp4d_status fingerprint(scan_ctx *c)
         }
     }
     fp4d_scan_report *r = c->rep;
+    r->mxfp4_only = mx_only;
     r->convention = any_decode && !any_encode ? "decode" : any_encode && !any_decode ? "encode" : NULL;
     int byte = -1;
     uint64_t count = 0;
@@ -2316,6 +2338,7 @@ static fp4d_status scan_run(scan_ctx *c)
     c->rep->format = c->format;
     c->rep->mixed = fp4d_quant_config_is_mixed(c->qc);
     FP4D_FORWARD_IF_ERROR(build_units(c));
+    c->rep->modelopt_mxfp4 = modelopt_is_mxfp4(c);
     for (size_t i = 0; i < c->num_units; i++) FP4D_FORWARD_IF_ERROR(check_unit_structure(c, &c->units[i]));
     FP4D_FORWARD_IF_ERROR(check_orphans(c));
     FP4D_FORWARD_IF_ERROR(check_quantized_but_excluded(c));
@@ -2442,6 +2465,7 @@ size_t fp4d_scan_report_count_at_least(const fp4d_scan_report *r, fp4d_scan_seve
 const char *fp4d_scan_report_format(const fp4d_scan_report *r)
 {
     if (!r) return "unknown";
+    if (r->modelopt_mxfp4) return "modelopt-mxfp4";
     if (r->mixed && r->format == FP4D_CKPT_MODELOPT_NVFP4) return "modelopt-mixed";
     return format_names[r->format];
 }
@@ -2618,8 +2642,11 @@ void fp4d_scan_report_print(const fp4d_scan_report *r, FILE *out, bool color)
                 (unsigned long long)r->zero_block_count);
     else
         fprintf(out, " (no all-zero blocks seen");
-    fprintf(out, "%s%s; confidence %s)\n", r->convention ? ", global scales " : "", r->convention ? r->convention : "",
-            r->writer_confidence ? r->writer_confidence : "none");
+    /* the global-scale convention, or, where every layer is MXFP4, that there is none to have one
+     * (MXFP4's ue8m0 block scales are the whole scale) */
+    if (r->convention) fprintf(out, ", global scales %s", r->convention);
+    else if (r->mxfp4_only) fprintf(out, ", MXFP4 has no global scale");
+    fprintf(out, "; confidence %s)\n", r->writer_confidence ? r->writer_confidence : "none");
     for (size_t i = 0; i < r->num_notes; i++) fprintf(out, "  %snote%s %s\n", yellow, reset, r->notes[i]);
     if (r->num_findings) fputc('\n', out);
     for (size_t i = 0; i < r->num_findings; i++) {

@@ -728,6 +728,112 @@ static void test_cli_replay_refuses_malformed_layers(void **s)
     rm_tree(dir);
 }
 
+/* ---- ModelOpt MXFP4 ----------------------------------------------------------------------------- */
+
+/* The text report of r (fp4d_scan_report_print, no colour); free() it. */
+static char *report_text(const fp4d_scan_report *r)
+{
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    assert_non_null(f);
+    fp4d_scan_report_print(r, f, false);
+    assert_int_equal(fclose(f), 0);
+    return text;
+}
+
+static void write_text_file(const char *dir, const char *name, const char *text)
+{
+    char path[1024];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs(text, f);
+    assert_int_equal(fclose(f), 0);
+}
+
+/* Scans dir and checks the format, the global-scale part of the writer line and the JSON's
+ * format and convention; returns the number of findings. */
+static size_t check_modelopt_format(const char *dir, const char *format, const char *globals, const char *convention)
+{
+    fp4d_scan_report *r = scan(dir, false);
+    assert_string_equal(fp4d_scan_report_format(r), format);
+    char *text = report_text(r);
+    if (!strstr(text, globals)) fail_msg("no '%s' in:\n%s", globals, text);
+    if (!convention && strstr(text, "global scales ")) fail_msg("a global-scale convention claimed:\n%s", text);
+    free(text);
+    char *js = NULL;
+    assert_int_equal(fp4d_scan_report_json(r, &js), FP4D_STATUS_OK);
+    json_t *root = json_loads(js, 0, NULL);
+    assert_non_null(root);
+    assert_string_equal(json_string_value(json_object_get(root, "format")), format);
+    json_t *conv = json_object_get(json_object_get(root, "fingerprint"), "global_scale_convention");
+    if (convention) assert_string_equal(json_string_value(conv), convention);
+    else assert_true(json_is_null(conv));
+    json_decref(root);
+    free(js);
+    const size_t n = fp4d_scan_report_count(r);
+    print_findings(r);
+    fp4d_scan_report_free(r);
+    return n;
+}
+
+/* A ModelOpt MXFP4 checkpoint (W4A8_MXFP4_FP8: X.weight, X.weight_scale ue8m0, no
+ * weight_scale_2) shares fp4d_ckpt_format with NVFP4 and was reported as "modelopt-nvfp4";
+ * it is "modelopt-mxfp4", by its layers or by its config, and its writer line says that MXFP4
+ * has no global scale rather than naming a convention. One NVFP4 layer without a config, or a
+ * MIXED_PRECISION config, keep the old names; NVFP4 still has ModelOpt's decode convention. */
+static void test_modelopt_mxfp4(void **s)
+{
+    (void)s;
+    char *dir = make_tmpdir();
+    char path[1024];
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    const gen_tensor mx[] = {
+        {L0 "mlp.down_proj.weight", FP4D_ST_U8, 2, {64, 32}},
+        {L0 "mlp.down_proj.weight_scale", FP4D_ST_U8, 2, {64, 2}},
+        {L0 "mlp.down_proj.input_scale", FP4D_ST_F32, 0, {0}},
+        {L0 "mlp.up_proj.weight", FP4D_ST_U8, 2, {64, 32}},
+        {L0 "mlp.up_proj.weight_scale", FP4D_ST_F8_E8M0, 2, {64, 2}},
+        {L0 "mlp.up_proj.input_scale", FP4D_ST_F32, 0, {0}},
+    };
+    write_tensors(path, mx, 6);
+    const char *no_global = "(no all-zero blocks seen, MXFP4 has no global scale; confidence none)";
+    assert_int_equal(check_modelopt_format(dir, "modelopt-mxfp4", no_global, NULL), 0);
+
+    /* the config naming an MXFP4 algorithm says so too; under MIXED_PRECISION it stays mixed */
+    write_text_file(dir, "hf_quant_config.json", "{\"quantization\":{\"quant_algo\":\"W4A8_MXFP4_FP8\"}}");
+    assert_int_equal(check_modelopt_format(dir, "modelopt-mxfp4", no_global, NULL), 0);
+    write_text_file(dir, "hf_quant_config.json",
+                    "{\"quantization\":{\"quant_algo\":\"MIXED_PRECISION\",\"quantized_layers\":{"
+                    "\"" L0 "mlp.down_proj\":{\"quant_algo\":\"W4A8_MXFP4_FP8\"},"
+                    "\"" L0 "mlp.up_proj\":{\"quant_algo\":\"W4A8_MXFP4_FP8\"}}}}");
+    assert_int_equal(check_modelopt_format(dir, "modelopt-mixed", no_global, NULL), 0);
+    snprintf(path, sizeof path, "%s/hf_quant_config.json", dir);
+    assert_int_equal(unlink(path), 0);
+
+    /* one NVFP4 layer among them: "modelopt-nvfp4", and its global scale is ModelOpt's decode one */
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    const gen_tensor mixed[] = {
+        {L0 "mlp.down_proj.weight", FP4D_ST_U8, 2, {64, 32}},
+        {L0 "mlp.down_proj.weight_scale", FP4D_ST_U8, 2, {64, 2}},
+        {L1 "mlp.down_proj.weight", FP4D_ST_U8, 2, {64, 32}},
+        {L1 "mlp.down_proj.weight_scale", FP4D_ST_F8_E4M3, 2, {64, 4}},
+        {L1 "mlp.down_proj.weight_scale_2", FP4D_ST_F32, 0, {0}},
+    };
+    write_tensors(path, mixed, 5);
+    check_modelopt_format(dir, "modelopt-nvfp4", "global scales decode; confidence", "decode");
+    rm_tree(dir);
+
+    /* a generated ModelOpt NVFP4 checkpoint is unchanged */
+    dir = make_tmpdir();
+    fp4d_ckpt_gen_params p;
+    fp4d_ckpt_gen_defaults(&p, FP4D_CKPT_MODELOPT_NVFP4);
+    assert_int_equal(fp4d_ckpt_generate(dir, &p), FP4D_STATUS_OK);
+    assert_int_equal(check_modelopt_format(dir, "modelopt-nvfp4", "global scales decode; confidence high", "decode"), 0);
+    rm_tree(dir);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -756,6 +862,7 @@ int main(void)
         cmocka_unit_test(test_quant_config),
         cmocka_unit_test(test_generator_refuses_huge_sizes),
         cmocka_unit_test(test_cli_exit_codes),
+        cmocka_unit_test(test_modelopt_mxfp4),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
