@@ -1090,9 +1090,9 @@ static fp4d_status add_unit(scan_ctx *c, unit_kind kind, const char *module, int
 }
 
 /* What a ModelOpt packed X.weight with no scale of its own (neither X.weight_scale nor
- * X.weight_scale_2) is: what the config names, else what the checkpoint's other packed
- * weights are - a weight_scale_2 or an F8_E4M3 block scale is NVFP4's, a U8/F8_E8M0 one
- * MXFP4's. Neither, or both: it cannot be told, and MISSING_COMPANION names only the block
+ * X.weight_scale_2), or with only an X.weight_scale of unknown dtype, is: what the config
+ * names, else what the checkpoint's other packed weights are - a weight_scale_2 or an F8_E4M3
+ * block scale is NVFP4's, a U8/F8_E8M0 one MXFP4's. Neither, or both: it cannot be told, and MISSING_COMPANION names only the block
  * scale, which both need; it named NVFP4's weight_scale_2 too, in an MXFP4 checkpoint. */
 typedef enum mo_told { MO_TOLD_UNKNOWN, MO_TOLD_NVFP4, MO_TOLD_MXFP4 } mo_told;
 
@@ -1164,16 +1164,18 @@ static fp4d_status build_units(scan_ctx *c)
                 continue;
             }
             /* A ue8m0 scale with no scale_2 is ModelOpt's MXFP4; NVFP4 otherwise. With no scale
-             * at all, what the config or the other layers say (modelopt_format_told). */
-            bool mx = s2 < 0 && (mo_mx_config || (s >= 0 && c->tensors[s].trusted &&
-                                                  (c->tensors[s].dtype == FP4D_ST_U8 ||
-                                                   c->tensors[s].dtype == FP4D_ST_F8_E8M0)));
-            if (s2 < 0 && s < 0 && !told_known) {
+             * at all, or one whose dtype is not known (its shard's header was rejected), what
+             * the config or the other layers say (modelopt_format_told): such a layer of an
+             * MXFP4 checkpoint was NVFP4, missing a weight_scale_2, with a decode convention. */
+            const bool scale_typed = s >= 0 && c->tensors[s].trusted;
+            bool mx = s2 < 0 && (mo_mx_config || (scale_typed && (c->tensors[s].dtype == FP4D_ST_U8 ||
+                                                                  c->tensors[s].dtype == FP4D_ST_F8_E8M0)));
+            if (s2 < 0 && !scale_typed && !told_known) {
                 told = modelopt_format_told(c);
                 told_known = true;
             }
-            untold = s2 < 0 && s < 0 && told == MO_TOLD_UNKNOWN;
-            if (s2 < 0 && s < 0 && told == MO_TOLD_MXFP4) mx = true;
+            untold = s2 < 0 && !scale_typed && told == MO_TOLD_UNKNOWN;
+            if (s2 < 0 && !scale_typed && told == MO_TOLD_MXFP4) mx = true;
             kind = mx ? UNIT_MO_MXFP4 : UNIT_MO_NVFP4;
         } else {
             continue;
@@ -2184,7 +2186,7 @@ static fp4d_status fingerprint(scan_ctx *c)
         scan_unit *u = &c->units[i];
         if (!u->is_mx) mx_only = false;
         if (u->kind == UNIT_CT_NVFP4) any_encode = true;
-        if (u->kind == UNIT_MO_NVFP4) any_decode = true;
+        if (u->kind == UNIT_MO_NVFP4 && !u->format_untold) any_decode = true; /* untold: no convention known */
         if (!u->scanned) continue;
         if (u->is_mx) {
             any_mx_data |= u->data_scanned;

@@ -21,6 +21,7 @@
 
 #include "fp4doctor/io.h"
 #include "fp4doctor/scan.h"
+#include "scan_test_util.h"
 
 /* ---- helpers ------------------------------------------------------------------------------- */
 
@@ -730,18 +731,6 @@ static void test_cli_replay_refuses_malformed_layers(void **s)
 
 /* ---- ModelOpt MXFP4 ----------------------------------------------------------------------------- */
 
-/* The text report of r (fp4d_scan_report_print, no colour); free() it. */
-static char *report_text(const fp4d_scan_report *r)
-{
-    char *text = NULL;
-    size_t len = 0;
-    FILE *f = open_memstream(&text, &len);
-    assert_non_null(f);
-    fp4d_scan_report_print(r, f, false);
-    assert_int_equal(fclose(f), 0);
-    return text;
-}
-
 static void write_text_file(const char *dir, const char *name, const char *text)
 {
     char path[1024];
@@ -758,7 +747,8 @@ static size_t check_modelopt_format(const char *dir, const char *format, const c
 {
     fp4d_scan_report *r = scan(dir, false);
     assert_string_equal(fp4d_scan_report_format(r), format);
-    char *text = report_text(r);
+    char *text = scan_report_text(r);
+    assert_non_null(text);
     if (!strstr(text, globals)) fail_msg("no '%s' in:\n%s", globals, text);
     if (!convention && strstr(text, "global scales ")) fail_msg("a global-scale convention claimed:\n%s", text);
     free(text);

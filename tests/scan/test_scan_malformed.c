@@ -20,6 +20,7 @@
 #include <cmocka.h>
 
 #include "fp4doctor/scan.h"
+#include "scan_test_util.h"
 
 static char *tmpdir;
 
@@ -633,6 +634,73 @@ static void test_packed_weight_without_any_scale(void **s)
     fp4d_scan_report_free(r);
 }
 
+static void assert_text_contains(const fp4d_scan_report *r, const char *needle, bool present)
+{
+    char *text = scan_report_text(r);
+    assert_non_null(text);
+    if ((strstr(text, needle) != NULL) != present)
+        fail_msg("'%s' %s in:\n%s", needle, present ? "not" : "wrongly", text);
+    free(text);
+}
+
+/* A ModelOpt packed b.weight whose b.weight_scale lies in a shard whose header is rejected (so
+ * its dtype is unknown) was NVFP4 whatever the other layers are: in an MXFP4 checkpoint it
+ * lacked a b.weight_scale_2 and its decode convention made the writer line claim ModelOpt's
+ * global scales. Its format is told as for a weight with no scale (the config, else the other
+ * layers); a layer nothing tells claims no convention either. */
+static void test_packed_weight_with_unreadable_scale(void **s)
+{
+    (void)s;
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s/bad_scale", tmpdir);
+    assert_int_equal(mkdir(dir, 0755), 0);
+    write_st("bad_scale/model-00002-of-00002.safetensors",
+             "{\"b.weight_scale\":{\"dtype\":\"U9\",\"shape\":[100,2],\"data_offsets\":[0,200]}}", ~0ull, 200, ~0ull);
+    write_st("bad_scale/model-00001-of-00002.safetensors",
+             "{\"a.weight\":{\"dtype\":\"U8\",\"shape\":[100,32],\"data_offsets\":[0,3200]},"
+             "\"a.weight_scale\":{\"dtype\":\"U8\",\"shape\":[100,2],\"data_offsets\":[3200,3400]},"
+             "\"b.weight\":{\"dtype\":\"U8\",\"shape\":[100,32],\"data_offsets\":[3400,6600]}}",
+             ~0ull, 6600, ~0ull);
+    fp4d_scan_report *r = scan_one(dir);
+    assert_single(r, FP4D_FINDING_HEADER_INVALID, "b.weight_scale", 1);
+    assert_string_equal(fp4d_scan_report_format(r), "modelopt-mxfp4");
+    assert_text_contains(r, "MXFP4 has no global scale", true);
+    assert_text_contains(r, "global scales decode", false);
+    fp4d_scan_report_free(r);
+
+    /* the other layer NVFP4: b is too, and its weight_scale_2 is missing, as before */
+    write_st("bad_scale/model-00001-of-00002.safetensors",
+             "{\"a.weight\":{\"dtype\":\"U8\",\"shape\":[100,32],\"data_offsets\":[0,3200]},"
+             "\"a.weight_scale\":{\"dtype\":\"F8_E4M3\",\"shape\":[100,4],\"data_offsets\":[3200,3600]},"
+             "\"a.weight_scale_2\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[3600,3604]},"
+             "\"b.weight\":{\"dtype\":\"U8\",\"shape\":[100,32],\"data_offsets\":[3604,6804]}}",
+             ~0ull, 6804, ~0ull);
+    r = scan_one(dir);
+    assert_int_equal(fp4d_scan_report_count(r), 2);
+    assert_int_equal(fp4d_scan_report_get(r, 0)->code, FP4D_FINDING_HEADER_INVALID);
+    const fp4d_scan_finding *f = fp4d_scan_report_get(r, 1);
+    assert_int_equal(f->code, FP4D_FINDING_MISSING_COMPANION);
+    assert_string_equal(f->tensor, "b.weight");
+    assert_int_equal(f->count, 1);
+    assert_contains(f->message, "b.weight has no b.weight_scale_2: the layer cannot be dequantized");
+    assert_string_equal(fp4d_scan_report_format(r), "modelopt-nvfp4");
+    assert_text_contains(r, "global scales decode", true);
+    fp4d_scan_report_free(r);
+
+    /* nothing tells what b.weight is (no scale, no other layer; only a stray weight_scale_2):
+     * no decode convention, and no ModelOpt writer, is read from it */
+    r = scan_one(write_st("untold.safetensors",
+                          "{\"b.weight\":{\"dtype\":\"U8\",\"shape\":[100,32],\"data_offsets\":[0,3200]},"
+                          "\"x.weight_scale_2\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[3200,3204]}}",
+                          ~0ull, 3204, ~0ull));
+    assert_int_equal(fp4d_scan_report_count(r), 2);
+    assert_contains(fp4d_scan_report_get(r, 0)->message, "no config or other layer tells NVFP4 from MXFP4");
+    assert_int_equal(fp4d_scan_report_get(r, 1)->code, FP4D_FINDING_ORPHAN_SCALE);
+    assert_string_equal(fp4d_scan_report_writer(r), "unknown");
+    assert_text_contains(r, "global scales", false);
+    fp4d_scan_report_free(r);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -641,6 +709,7 @@ int main(void)
         cmocka_unit_test(test_unreadable_index_and_configs),
         cmocka_unit_test(test_packed_weight_without_global_scale),
         cmocka_unit_test(test_packed_weight_without_any_scale),
+        cmocka_unit_test(test_packed_weight_with_unreadable_scale),
         cmocka_unit_test(test_not_a_checkpoint_file),
         cmocka_unit_test(test_scale_shape_messages),
         cmocka_unit_test(test_codes_typed_f4),
