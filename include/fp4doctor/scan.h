@@ -122,9 +122,9 @@ const fp4d_scan_finding *fp4d_scan_report_get(const fp4d_scan_report *r, size_t 
 size_t      fp4d_scan_report_count_at_least(const fp4d_scan_report *r, fp4d_scan_severity s);
 /* "modelopt-nvfp4", "modelopt-mxfp4", "modelopt-mixed", "compressed-tensors-nvfp4",
  * "compressed-tensors-mxfp4", "gpt-oss-mxfp4", "unquantized". The ModelOpt ones all have
- * fp4d_ckpt_format FP4D_CKPT_MODELOPT_NVFP4: "modelopt-mxfp4" where the config names an MXFP4
- * algorithm (W4A8_MXFP4_FP8) or every ModelOpt layer is MXFP4 (ue8m0 block scales, no
- * weight_scale_2), "modelopt-mixed" for MIXED_PRECISION. */
+ * fp4d_ckpt_format FP4D_CKPT_MODELOPT_NVFP4: "modelopt-mxfp4" where every ModelOpt layer whose
+ * format shows is MXFP4 (ue8m0 block scales, no weight_scale_2) or, where none shows, the config
+ * names an MXFP4 algorithm (W4A8_MXFP4_FP8); "modelopt-mixed" for MIXED_PRECISION. */
 const char *fp4d_scan_report_format(const fp4d_scan_report *r);
 /* Most likely quantizer ("modelopt", "compressed-tensors", "trtllm-or-flashinfer",
  * "torchao", "unknown") from the zero-block scale byte and the global-scale convention. */

@@ -1112,21 +1112,22 @@ static mo_told modelopt_format_told(const scan_ctx *c)
     return nv == mx ? MO_TOLD_UNKNOWN : nv ? MO_TOLD_NVFP4 : MO_TOLD_MXFP4;
 }
 
-/* Whether a ModelOpt checkpoint is MXFP4 (W4A8_MXFP4_FP8) rather than NVFP4: its config names
- * an MXFP4 algorithm (and is not MIXED_PRECISION), or every ModelOpt layer is MXFP4 (one NVFP4
- * layer, or one whose format cannot be told, leaves it NVFP4). fp4d_ckpt_format has one
- * value for both (a new one would change FP4D_CKPT_FORMAT_COUNT and the generator's API), so
- * the report keeps this beside the format and fp4d_scan_report_format names it. */
+/* Whether a ModelOpt checkpoint is MXFP4 (W4A8_MXFP4_FP8) rather than NVFP4. The layers
+ * decide - every layer whose format shows is MXFP4 (one NVFP4 layer leaves it NVFP4) - and the
+ * config only where no layer shows one (MIXED_PRECISION stays "modelopt-mixed"): the label
+ * says what the tensors are, and a config naming the other format is a finding of its own
+ * (check_config_agrees). fp4d_ckpt_format has one value for both (a new one would change
+ * FP4D_CKPT_FORMAT_COUNT and the generator's API), so the report keeps this beside the
+ * format and fp4d_scan_report_format names it. */
 static bool modelopt_is_mxfp4(const scan_ctx *c)
 {
     if (c->format != FP4D_CKPT_MODELOPT_NVFP4 || fp4d_quant_config_is_mixed(c->qc)) return false;
-    if (scan_qc_is_mx(c->qc)) return true;
-    size_t mx = 0;
+    size_t mx = 0, nv = 0;
     for (size_t i = 0; i < c->num_units; i++) {
-        if (c->units[i].kind == UNIT_MO_NVFP4) return false;
         mx += c->units[i].kind == UNIT_MO_MXFP4;
+        nv += c->units[i].kind == UNIT_MO_NVFP4 && !c->units[i].format_untold;
     }
-    return mx > 0;
+    return mx || nv ? nv == 0 : scan_qc_is_mx(c->qc);
 }
 
 static fp4d_status build_units(scan_ctx *c)
@@ -1244,6 +1245,31 @@ static fp4d_status check_scalar_dtype(scan_ctx *c, int64_t ti, bool *values_ok)
                        "%s is %s; F32 expected for a global/input scale", t->name, dtype_str(t->dtype));
 }
 
+/* A ModelOpt layer whose tensors are one FP4 format while the (single-format) quant config
+ * names the other: engines build the layer from the config, so they read the block-scale
+ * bytes in the wrong encoding (ue8m0 as e4m3, or the reverse) with the wrong block size, or
+ * fail to load. The scan itself follows the tensors, which are self-consistent (the scale's
+ * dtype agrees with the layer's format), so nothing else would say so. */
+static fp4d_status check_config_agrees(scan_ctx *c, const scan_unit *u, const scan_tensor *s)
+{
+    if ((u->kind != UNIT_MO_NVFP4 && u->kind != UNIT_MO_MXFP4) || u->format_untold || !c->have_config ||
+        !scan_qc_format_known(c->qc) || fp4d_quant_config_is_mixed(c->qc) ||
+        fp4d_quant_config_format(c->qc) != FP4D_CKPT_MODELOPT_NVFP4 || scan_qc_is_mx(c->qc) == u->is_mx)
+        return FP4D_STATUS_OK;
+    const char *algo = scan_qc_algo(c->qc) ? scan_qc_algo(c->qc) : "?";
+    if (u->is_mx)
+        return add_finding(c, FP4D_FINDING_DTYPE_MISMATCH, FP4D_SCAN_ERROR, s->name, file_rel(c, s->file), 1,
+                           "%s is %s: MXFP4 block scales (ue8m0, one per 32, no %s.weight_scale_2), but the quant "
+                           "config's quant_algo is %s (NVFP4: F8_E4M3 scales, one per 16, and a global scale); an "
+                           "engine that follows the config reads these bytes as e4m3 or cannot load the layer",
+                           s->name, dtype_str(s->dtype), u->module, algo);
+    return add_finding(c, FP4D_FINDING_DTYPE_MISMATCH, FP4D_SCAN_ERROR, s->name, file_rel(c, s->file), 1,
+                       "%s is %s: NVFP4 block scales (e4m3, one per 16, with %s.weight_scale_2), but the quant "
+                       "config's quant_algo is %s (MXFP4: ue8m0 scales, one per 32); an engine that follows the "
+                       "config reads these bytes as ue8m0 or cannot load the layer",
+                       s->name, dtype_str(s->dtype), u->module, algo);
+}
+
 static fp4d_status check_unit_structure(scan_ctx *c, scan_unit *u)
 {
     scan_tensor *w = &c->tensors[u->weight];
@@ -1290,6 +1316,8 @@ static fp4d_status check_unit_structure(scan_ctx *c, scan_unit *u)
             FP4D_FORWARD_IF_ERROR(add_finding(c, FP4D_FINDING_DTYPE_MISMATCH, FP4D_SCAN_ERROR, s->name,
                                               file_rel(c, s->file), 1, "%s is %s; %s expected", s->name,
                                               dtype_str(s->dtype), u->is_mx ? "U8 (ue8m0)" : "F8_E4M3"));
+        else if (s->trusted)
+            FP4D_FORWARD_IF_ERROR(check_config_agrees(c, u, s));
         scale_bytes_ok = s->readable && fp4d_st_dtype_bits(s->dtype) == 8;
     }
     /* Shapes: packed [.., K/2] against scales [.., K/block] (gpt-oss: [.., G, 16] vs [.., G]). */

@@ -768,6 +768,25 @@ static size_t check_modelopt_format(const char *dir, const char *format, const c
     return n;
 }
 
+/* Two ModelOpt MXFP4 layers (W4A8_MXFP4_FP8), their ue8m0 block scales typed U8 and F8_E8M0. */
+static const gen_tensor modelopt_mx_layers[] = {
+    {L0 "mlp.down_proj.weight", FP4D_ST_U8, 2, {64, 32}},
+    {L0 "mlp.down_proj.weight_scale", FP4D_ST_U8, 2, {64, 2}},
+    {L0 "mlp.down_proj.input_scale", FP4D_ST_F32, 0, {0}},
+    {L0 "mlp.up_proj.weight", FP4D_ST_U8, 2, {64, 32}},
+    {L0 "mlp.up_proj.weight_scale", FP4D_ST_F8_E8M0, 2, {64, 2}},
+    {L0 "mlp.up_proj.input_scale", FP4D_ST_F32, 0, {0}},
+};
+
+/* A new folder holding modelopt_mx_layers as model.safetensors, whose path goes to path. */
+static char *modelopt_mx_dir(char *path, size_t size)
+{
+    char *dir = make_tmpdir();
+    snprintf(path, size, "%s/model.safetensors", dir);
+    write_tensors(path, modelopt_mx_layers, sizeof modelopt_mx_layers / sizeof modelopt_mx_layers[0]);
+    return dir;
+}
+
 /* A ModelOpt MXFP4 checkpoint (W4A8_MXFP4_FP8: X.weight, X.weight_scale ue8m0, no
  * weight_scale_2) shares fp4d_ckpt_format with NVFP4 and was reported as "modelopt-nvfp4";
  * it is "modelopt-mxfp4", by its layers or by its config, and its writer line says that MXFP4
@@ -776,18 +795,8 @@ static size_t check_modelopt_format(const char *dir, const char *format, const c
 static void test_modelopt_mxfp4(void **s)
 {
     (void)s;
-    char *dir = make_tmpdir();
     char path[1024];
-    snprintf(path, sizeof path, "%s/model.safetensors", dir);
-    const gen_tensor mx[] = {
-        {L0 "mlp.down_proj.weight", FP4D_ST_U8, 2, {64, 32}},
-        {L0 "mlp.down_proj.weight_scale", FP4D_ST_U8, 2, {64, 2}},
-        {L0 "mlp.down_proj.input_scale", FP4D_ST_F32, 0, {0}},
-        {L0 "mlp.up_proj.weight", FP4D_ST_U8, 2, {64, 32}},
-        {L0 "mlp.up_proj.weight_scale", FP4D_ST_F8_E8M0, 2, {64, 2}},
-        {L0 "mlp.up_proj.input_scale", FP4D_ST_F32, 0, {0}},
-    };
-    write_tensors(path, mx, 6);
+    char *dir = modelopt_mx_dir(path, sizeof path);
     const char *no_global = "(no all-zero blocks seen, MXFP4 has no global scale; confidence none)";
     assert_int_equal(check_modelopt_format(dir, "modelopt-mxfp4", no_global, NULL), 0);
 
@@ -824,10 +833,75 @@ static void test_modelopt_mxfp4(void **s)
     rm_tree(dir);
 }
 
+/* Counts dir's DTYPE_MISMATCH findings whose message holds `text`, after checking the format. */
+static size_t config_mismatches(const char *dir, const char *format, const char *text)
+{
+    fp4d_scan_report *r = scan(dir, false);
+    assert_string_equal(fp4d_scan_report_format(r), format);
+    size_t n = 0;
+    for (size_t i = 0; i < fp4d_scan_report_count(r); i++) {
+        const fp4d_scan_finding *f = fp4d_scan_report_get(r, i);
+        if (f->code == FP4D_FINDING_DTYPE_MISMATCH && strstr(f->message, text)) {
+            assert_int_equal(f->severity, FP4D_SCAN_ERROR);
+            n++;
+        }
+    }
+    print_findings(r);
+    fp4d_scan_report_free(r);
+    return n;
+}
+
+/* A single-format config naming the other FP4 format than the layers hold: engines build the
+ * layers from the config and read ue8m0 scale bytes as e4m3 (or the reverse). Each layer's
+ * block scale is an error naming the config's algorithm; agreeing configs and MIXED_PRECISION
+ * (whose per-layer algorithms the layers follow) give none. */
+static void test_modelopt_config_names_the_other_format(void **s)
+{
+    (void)s;
+    char path[1024];
+    char *dir = modelopt_mx_dir(path, sizeof path);
+    const char *nv_config = "quant_algo is NVFP4 (NVFP4:";
+    assert_int_equal(config_mismatches(dir, "modelopt-mxfp4", nv_config), 0);
+    write_text_file(dir, "hf_quant_config.json", "{\"quantization\":{\"quant_algo\":\"W4A8_MXFP4_FP8\"}}");
+    assert_int_equal(config_mismatches(dir, "modelopt-mxfp4", "quant_algo is"), 0);
+    write_text_file(dir, "hf_quant_config.json", "{\"quantization\":{\"quant_algo\":\"NVFP4\",\"group_size\":16}}");
+    assert_int_equal(config_mismatches(dir, "modelopt-mxfp4", nv_config), 2);
+    /* config.json's quantization_config says the same when it is the only config */
+    snprintf(path, sizeof path, "%s/hf_quant_config.json", dir);
+    assert_int_equal(unlink(path), 0);
+    write_text_file(dir, "config.json",
+                    "{\"quantization_config\":{\"quant_method\":\"modelopt\",\"quant_algo\":\"NVFP4\"}}");
+    assert_int_equal(config_mismatches(dir, "modelopt-mxfp4", nv_config), 2);
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    assert_int_equal(unlink(path), 0);
+
+    /* NVFP4 layers under an MXFP4 config */
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    const gen_tensor nv[] = {
+        {L0 "mlp.down_proj.weight", FP4D_ST_U8, 2, {64, 32}},
+        {L0 "mlp.down_proj.weight_scale", FP4D_ST_F8_E4M3, 2, {64, 4}},
+        {L0 "mlp.down_proj.weight_scale_2", FP4D_ST_F32, 0, {0}},
+        {L0 "mlp.down_proj.input_scale", FP4D_ST_F32, 0, {0}},
+    };
+    write_tensors(path, nv, 4);
+    const char *mx_config = "quant_algo is W4A8_MXFP4_FP8 (MXFP4:";
+    assert_int_equal(config_mismatches(dir, "modelopt-nvfp4", mx_config), 0);
+    write_text_file(dir, "hf_quant_config.json", "{\"quantization\":{\"quant_algo\":\"W4A8_MXFP4_FP8\"}}");
+    assert_int_equal(config_mismatches(dir, "modelopt-nvfp4", mx_config), 1);
+    write_text_file(dir, "hf_quant_config.json", "{\"quantization\":{\"quant_algo\":\"NVFP4\"}}");
+    assert_int_equal(config_mismatches(dir, "modelopt-nvfp4", "quant_algo is"), 0);
+    write_text_file(dir, "hf_quant_config.json",
+                    "{\"quantization\":{\"quant_algo\":\"MIXED_PRECISION\",\"quantized_layers\":{"
+                    "\"" L0 "mlp.down_proj\":{\"quant_algo\":\"NVFP4\"}}}}");
+    assert_int_equal(config_mismatches(dir, "modelopt-mixed", "quant_algo is"), 0);
+    rm_tree(dir);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_clean_modelopt),
+        cmocka_unit_test(test_modelopt_config_names_the_other_format),
         cmocka_unit_test(test_cli_replay_refuses_malformed_layers),
         cmocka_unit_test(test_clean_modelopt_moe),
         cmocka_unit_test(test_clean_ct_nvfp4),
