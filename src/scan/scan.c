@@ -1287,15 +1287,22 @@ static fp4d_status check_unit_structure(scan_ctx *c, scan_unit *u)
         char list[512] = "";
         for (size_t i = 0; i < nmissing; i++)
             snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s%s", i ? ", " : "", u->module, missing[i]);
+        /* The input scale is last in the list; alone, the weights still dequantize, but the
+         * config's static activation scale is missing, which engines need to load the layer. */
+        const bool input_only = nmissing == 1 && u->input < 0 && want_input;
+        const char *why = input_only ? "the config quantizes activations with a static scale (W4A4/W4A8), "
+                                       "which engines need to load the layer"
+                          : u->input < 0 && want_input ? "the layer cannot be dequantized, and the config's "
+                                                         "static activation scale is missing too"
+                                                       : "the layer cannot be dequantized";
         if (u->format_untold)
             FP4D_FORWARD_IF_ERROR(add_finding(c, FP4D_FINDING_MISSING_COMPANION, FP4D_SCAN_ERROR, w->name, wfile,
-                                              nmissing, "%s has no %s: the layer cannot be dequantized (no config "
-                                              "or other layer tells NVFP4 from MXFP4; NVFP4 would also need "
-                                              "%s.weight_scale_2)", w->name, list, u->module));
+                                              nmissing, "%s has no %s: %s (no config or other layer tells NVFP4 "
+                                              "from MXFP4; NVFP4 would also need %s.weight_scale_2)", w->name,
+                                              list, why, u->module));
         else
             FP4D_FORWARD_IF_ERROR(add_finding(c, FP4D_FINDING_MISSING_COMPANION, FP4D_SCAN_ERROR, w->name, wfile,
-                                              nmissing, "%s has no %s: the layer cannot be dequantized", w->name,
-                                              list));
+                                              nmissing, "%s has no %s: %s", w->name, list, why));
     }
     /* Exclusions. */
     if (c->have_config && fp4d_quant_config_is_excluded(c->qc, u->module))

@@ -833,15 +833,15 @@ static void test_modelopt_mxfp4(void **s)
     rm_tree(dir);
 }
 
-/* Counts dir's DTYPE_MISMATCH findings whose message holds `text`, after checking the format. */
-static size_t config_mismatches(const char *dir, const char *format, const char *text)
+/* Counts dir's error findings of `code` whose message holds `text`, after checking the format. */
+static size_t errors_saying(const char *dir, const char *format, fp4d_finding_code code, const char *text)
 {
     fp4d_scan_report *r = scan(dir, false);
     assert_string_equal(fp4d_scan_report_format(r), format);
     size_t n = 0;
     for (size_t i = 0; i < fp4d_scan_report_count(r); i++) {
         const fp4d_scan_finding *f = fp4d_scan_report_get(r, i);
-        if (f->code == FP4D_FINDING_DTYPE_MISMATCH && strstr(f->message, text)) {
+        if (f->code == code && strstr(f->message, text)) {
             assert_int_equal(f->severity, FP4D_SCAN_ERROR);
             n++;
         }
@@ -851,10 +851,16 @@ static size_t config_mismatches(const char *dir, const char *format, const char 
     return n;
 }
 
+static size_t config_mismatches(const char *dir, const char *format, const char *text)
+{
+    return errors_saying(dir, format, FP4D_FINDING_DTYPE_MISMATCH, text);
+}
+
 /* A single-format config naming the other FP4 format than the layers hold: engines build the
  * layers from the config and read ue8m0 scale bytes as e4m3 (or the reverse). Each layer's
  * block scale is an error naming the config's algorithm; agreeing configs and MIXED_PRECISION
- * (whose per-layer algorithms the layers follow) give none. */
+ * (whose per-layer algorithms the layers follow) give none. A missing static input scale alone
+ * is not "cannot be dequantized" (the weights can be), but a layer engines cannot load. */
 static void test_modelopt_config_names_the_other_format(void **s)
 {
     (void)s;
@@ -890,6 +896,17 @@ static void test_modelopt_config_names_the_other_format(void **s)
     assert_int_equal(config_mismatches(dir, "modelopt-nvfp4", mx_config), 1);
     write_text_file(dir, "hf_quant_config.json", "{\"quantization\":{\"quant_algo\":\"NVFP4\"}}");
     assert_int_equal(config_mismatches(dir, "modelopt-nvfp4", "quant_algo is"), 0);
+    /* NVFP4's static activation scale missing: the weights dequantize, the layer does not load */
+    write_tensors(path, nv, 3);
+    const char *input_only = "down_proj.input_scale: the config quantizes activations with a static scale";
+    assert_int_equal(errors_saying(dir, "modelopt-nvfp4", FP4D_FINDING_MISSING_COMPANION, input_only), 1);
+    assert_int_equal(errors_saying(dir, "modelopt-nvfp4", FP4D_FINDING_MISSING_COMPANION, "dequantized"), 0);
+    write_tensors(path, nv, 2);
+    assert_int_equal(errors_saying(dir, "modelopt-nvfp4", FP4D_FINDING_MISSING_COMPANION,
+                                   "down_proj.weight_scale_2, " L0 "mlp.down_proj.input_scale: the layer cannot be "
+                                   "dequantized, and the config's static activation scale is missing too"),
+                     1);
+    write_tensors(path, nv, 4);
     write_text_file(dir, "hf_quant_config.json",
                     "{\"quantization\":{\"quant_algo\":\"MIXED_PRECISION\",\"quantized_layers\":{"
                     "\"" L0 "mlp.down_proj\":{\"quant_algo\":\"NVFP4\"}}}}");
