@@ -661,48 +661,53 @@ bool fp4d_backend_supports(fp4d_backend_t b, const fp4d_gemm_desc *desc, fp4d_re
     return ok;
 }
 
+/* What gemm and grouped_gemm do before their slot runs: the problem was validated (`valid`;
+ * desc is filled only when it passed), and the backend must support what desc describes. OK
+ * means run; otherwise the status to return, with *why set. */
+static fp4d_status backend_accepts(fp4d_backend_t b, fp4d_status valid, const fp4d_gemm_desc *desc, fp4d_reason *why)
+{
+    if (valid != FP4D_STATUS_OK) {
+        reason_set(why, "%s", fp4d_last_error());
+        return valid;
+    }
+    fp4d_reason local;
+    if (fp4d_backend_supports(b, desc, &local)) return FP4D_STATUS_OK;
+    if (why) *why = local;
+    return fp4d_set_error(FP4D_STATUS_UNSUPPORTED, "%s: %s", b->iface->name, local.text);
+}
+
+/* A slot's status through the call wrapper, its message in *why where it failed. */
+static fp4d_status backend_ran(backend_call *call, fp4d_status st, const char *slot, fp4d_reason *why)
+{
+    st = backend_call_end(call, st, slot);
+    if (st != FP4D_STATUS_OK) reason_set(why, "%s", fp4d_last_error());
+    return st;
+}
+
 fp4d_status fp4d_backend_gemm(fp4d_backend_t b, const fp4d_gemm_problem *p, fp4d_reason *why)
 {
     FP4D_RETURN_ERROR_IF(!b, INVALID_ARG, "backend is NULL");
-    fp4d_status st = fp4d_gemm_validate(p);
-    if (st != FP4D_STATUS_OK) {
-        reason_set(why, "%s", fp4d_last_error());
-        return st;
-    }
     fp4d_gemm_desc desc;
-    fp4d_gemm_describe(p, &desc);
-    fp4d_reason local;
-    if (!fp4d_backend_supports(b, &desc, &local)) {
-        if (why) *why = local;
-        return fp4d_set_error(FP4D_STATUS_UNSUPPORTED, "%s: %s", b->iface->name, local.text);
-    }
+    fp4d_status st = fp4d_gemm_validate(p);
+    if (st == FP4D_STATUS_OK) fp4d_gemm_describe(p, &desc);
+    st = backend_accepts(b, st, &desc, why);
+    if (st != FP4D_STATUS_OK) return st;
     backend_call call;
     backend_call_begin(&call, b->iface);
-    st = backend_call_end(&call, b->iface->gemm(b->ctx, p), "gemm");
-    if (st != FP4D_STATUS_OK) reason_set(why, "%s", fp4d_last_error());
-    return st;
+    return backend_ran(&call, b->iface->gemm(b->ctx, p), "gemm", why);
 }
 
 fp4d_status fp4d_backend_grouped_gemm(fp4d_backend_t b, const fp4d_grouped_gemm_problem *p, fp4d_reason *why)
 {
     FP4D_RETURN_ERROR_IF(!b, INVALID_ARG, "backend is NULL");
-    fp4d_status st = fp4d_grouped_gemm_validate(p);
-    if (st != FP4D_STATUS_OK) {
-        reason_set(why, "%s", fp4d_last_error());
-        return st;
-    }
     fp4d_gemm_desc desc;
-    fp4d_grouped_gemm_describe(p, &desc);
-    fp4d_reason local;
-    if (!fp4d_backend_supports(b, &desc, &local)) {
-        if (why) *why = local;
-        return fp4d_set_error(FP4D_STATUS_UNSUPPORTED, "%s: %s", b->iface->name, local.text);
-    }
+    fp4d_status st = fp4d_grouped_gemm_validate(p);
+    if (st == FP4D_STATUS_OK) fp4d_grouped_gemm_describe(p, &desc);
+    st = backend_accepts(b, st, &desc, why);
+    if (st != FP4D_STATUS_OK) return st;
     backend_call call;
     backend_call_begin(&call, b->iface);
-    st = backend_call_end(&call, b->iface->grouped_gemm(b->ctx, p), "grouped_gemm");
-    if (st != FP4D_STATUS_OK) reason_set(why, "%s", fp4d_last_error());
-    return st;
+    return backend_ran(&call, b->iface->grouped_gemm(b->ctx, p), "grouped_gemm", why);
 }
 
 fp4d_status fp4d_backend_quantize(fp4d_backend_t b, fp4d_quantize_problem *q, fp4d_reason *why)
