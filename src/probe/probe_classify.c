@@ -257,6 +257,11 @@ static void read_stop_fields(parsed *p, json_t *choice)
 static void read_error_object(parsed *p, json_t *root)
 {
     json_t *err = json_object_get(root, "error");
+    /* vLLM's and SGLang's OpenAI-style ErrorResponse is flat: {"object": "error", "message":
+     * ..., "type": ..., "code": 500}, with no "error" member. */
+    json_t *object = json_object_get(root, "object");
+    if ((!err || json_is_null(err)) && json_is_string(object) && strcmp(json_string_value(object), "error") == 0)
+        err = root;
     if (!err || json_is_null(err)) return;
     p->has_error = true;
     json_t *msg = json_is_object(err) ? json_object_get(err, "message") : err;
@@ -460,6 +465,17 @@ fp4d_status fp4d_probe_classify(const char *body, size_t len, int http_status, b
     fp4d_probe_copy(o->finish_reason, sizeof o->finish_reason, p.finish_reason);
     fp4d_probe_copy(o->matched_stop, sizeof o->matched_stop, p.matched_stop);
 
+    /* A server error that names NaN is the NaN fault seen from another side: the sampler
+     * refusing NaN/Inf logits (PyTorch's "probability tensor contains either `inf`, `nan` or
+     * element < 0", SGLang #20043) rather than a stop on them. A 4xx is the request's fault. */
+    const bool nan_error = p.has_error && (http_status >= 500 || (http_status >= 200 && http_status <= 299)) &&
+                           mentions_nan(p.error);
+    if (nan_error) {
+        char msg[200];
+        snprintf(msg, sizeof msg, "HTTP %d, an error naming NaN: %s", http_status, p.error);
+        set_class(o, FP4D_PROBE_NAN_STOP, "%s", msg);
+        goto out;
+    }
     if (http_status < 200 || http_status > 299) {
         char msg[200];
         snprintf(msg, sizeof msg, "HTTP %d%s%s", http_status, p.has_error ? ": " : "",

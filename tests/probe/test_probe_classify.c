@@ -171,6 +171,27 @@ static void test_errors_and_malformed(void **state)
     expect_class("<html>Bad Gateway</html>", 502, false, FP4D_PROBE_HTTP_ERROR);
     /* An error object in a 200 response. */
     expect_class("{\"error\":{\"message\":\"overloaded\"}}", 200, false, FP4D_PROBE_HTTP_ERROR);
+    /* vLLM's and SGLang's flat ErrorResponse: the message is the detail */
+    o = classify("{\"object\":\"error\",\"message\":\"KV cache is full\",\"type\":\"InternalServerError\","
+                 "\"code\":503}", 503, false);
+    assert_int_equal(o.cls, FP4D_PROBE_HTTP_ERROR);
+    assert_non_null(strstr(o.detail, "HTTP 503: KV cache is full"));
+    fp4d_probe_outcome_free(&o);
+    /* A server error naming NaN is the NaN fault (the sampler refused NaN logits: SGLang
+     * #20043), in either error form and in a 2xx error object; a 4xx is the request's. */
+    const char *torch_nan = "probability tensor contains either `inf`, `nan` or element < 0";
+    char body[256];
+    snprintf(body, sizeof body, "{\"object\":\"error\",\"message\":\"%s\",\"code\":500}", torch_nan);
+    o = classify(body, 500, false);
+    assert_int_equal(o.cls, FP4D_PROBE_NAN_STOP);
+    assert_non_null(strstr(o.detail, "HTTP 500, an error naming NaN: probability tensor"));
+    fp4d_probe_outcome_free(&o);
+    snprintf(body, sizeof body, "{\"error\":{\"message\":\"%s\"}}", torch_nan);
+    expect_class(body, 500, false, FP4D_PROBE_NAN_STOP);
+    expect_class(body, 200, false, FP4D_PROBE_NAN_STOP);
+    expect_class(body, 400, false, FP4D_PROBE_HTTP_ERROR);
+    expect_class("{\"error\":{\"message\":\"NaN detected in hidden states\"}}", 500, false, FP4D_PROBE_NAN_STOP);
+    expect_class("{\"error\":{\"message\":\"Nanjing model not loaded\"}}", 500, false, FP4D_PROBE_HTTP_ERROR);
     expect_class("{\"choices\":[{\"index\":0,\"message\":{\"content\":\"The answ", 200, false, FP4D_PROBE_MALFORMED);
     expect_class("<html>ok</html>", 200, false, FP4D_PROBE_MALFORMED);
     expect_class("[1,2,3]", 200, false, FP4D_PROBE_MALFORMED);
