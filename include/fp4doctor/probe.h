@@ -105,8 +105,10 @@ bool fp4d_probe_answer_matches(const fp4d_probe_prompt *p, const char *content);
 /*
  * Degenerate-text test: true when at least 8 characters of non-blank text are dominated by
  * a repetition (a period of 1..16 characters covering >= 50% of the text with >= 4 repeats,
- * 8 for a single character) or the character entropy is below 1.5 bits over >= 24
- * characters. `why` (may be NULL) receives a one-line explanation.
+ * 8 for a single character), the character entropy is below 1.5 bits over >= 24
+ * characters, or >= 32 bytes mix letters of four or more writing systems, two or more each
+ * (random tokens of a multilingual vocabulary: not an answer to an English prompt). `why`
+ * (may be NULL) receives a one-line explanation.
  */
 bool fp4d_probe_text_is_degenerate(const char *s, size_t n, char *why, size_t why_len);
 

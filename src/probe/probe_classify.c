@@ -5,6 +5,7 @@
  */
 #include <ctype.h>
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -119,6 +120,78 @@ static void trim(const char **s, size_t *n)
     while (*n && isspace((unsigned char)(*s)[*n - 1])) (*n)--;
 }
 
+/* Token salad: a model whose logits are garbage but finite samples random tokens of its whole
+ * vocabulary, which a byte-level BPE tokenizer decodes to fluent-looking text that mixes
+ * writing systems ("ylvania Bened 若 Kü внимание peri الت"), with the byte entropy of prose.
+ * An answer to one of the probe's English prompts uses one script, two where it quotes a
+ * name; four scripts of two letters or more in 32 bytes are not an answer. */
+#define SALAD_MIN_LEN     32
+#define SALAD_MIN_SCRIPTS 4
+
+enum { SCRIPT_NONE, SCRIPT_LATIN, SCRIPT_GREEK, SCRIPT_CYRILLIC, SCRIPT_ARMENIAN_HEBREW, SCRIPT_ARABIC,
+       SCRIPT_INDIC, SCRIPT_THAI, SCRIPT_HANGUL, SCRIPT_KANA, SCRIPT_HAN, SCRIPT_COUNT };
+
+static const char *const script_names[SCRIPT_COUNT] = {
+    "", "Latin", "Greek", "Cyrillic", "Armenian/Hebrew", "Arabic", "Indic", "Thai", "Hangul", "Kana", "Han",
+};
+
+/* The writing system of a letter's code point; SCRIPT_NONE for digits, punctuation, symbols,
+ * spaces and whatever is not listed. */
+static int script_of(uint32_t cp)
+{
+    if (cp < 0x80) return ((cp | 0x20) >= 'a' && (cp | 0x20) <= 'z') ? SCRIPT_LATIN : SCRIPT_NONE;
+    if (cp >= 0xC0 && cp <= 0x24F) return cp == 0xD7 || cp == 0xF7 ? SCRIPT_NONE : SCRIPT_LATIN;
+    if (cp >= 0x370 && cp <= 0x3FF) return SCRIPT_GREEK;
+    if (cp >= 0x400 && cp <= 0x52F) return SCRIPT_CYRILLIC;
+    if (cp >= 0x531 && cp <= 0x5FF) return SCRIPT_ARMENIAN_HEBREW;
+    if ((cp >= 0x600 && cp <= 0x6FF) || (cp >= 0x750 && cp <= 0x77F)) return SCRIPT_ARABIC;
+    if (cp >= 0x900 && cp <= 0xDFF) return SCRIPT_INDIC;
+    if (cp >= 0xE00 && cp <= 0xE7F) return SCRIPT_THAI;
+    if ((cp >= 0x1100 && cp <= 0x11FF) || (cp >= 0xAC00 && cp <= 0xD7AF)) return SCRIPT_HANGUL;
+    if (cp >= 0x3040 && cp <= 0x30FF) return SCRIPT_KANA;
+    if ((cp >= 0x3400 && cp <= 0x4DBF) || (cp >= 0x4E00 && cp <= 0x9FFF)) return SCRIPT_HAN;
+    return SCRIPT_NONE;
+}
+
+/* The next code point of s[*i..n) (well-formed UTF-8 of 1-4 bytes; a malformed byte is
+ * U+FFFD and one byte long), advancing *i. */
+static uint32_t next_code_point(const unsigned char *s, size_t n, size_t *i)
+{
+    const unsigned char c = s[*i];
+    const size_t len = c < 0x80 ? 1 : (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3 : (c & 0xF8) == 0xF0 ? 4 : 0;
+    if (len == 0 || *i + len > n) {
+        (*i)++;
+        return 0xFFFD;
+    }
+    uint32_t cp = len == 1 ? c : len == 2 ? c & 0x1Fu : len == 3 ? c & 0x0Fu : c & 0x07u;
+    for (size_t k = 1; k < len; k++) {
+        if ((s[*i + k] & 0xC0) != 0x80) {
+            (*i)++;
+            return 0xFFFD;
+        }
+        cp = (cp << 6) | (s[*i + k] & 0x3Fu);
+    }
+    *i += len;
+    return cp;
+}
+
+static bool is_token_salad(const char *s, size_t n, char *why, size_t why_len)
+{
+    if (n < SALAD_MIN_LEN) return false;
+    size_t letters[SCRIPT_COUNT] = {0};
+    for (size_t i = 0; i < n;) letters[script_of(next_code_point((const unsigned char *)s, n, &i))]++;
+    int scripts = 0;
+    char list[96] = "";
+    for (int k = SCRIPT_NONE + 1; k < SCRIPT_COUNT; k++)
+        if (letters[k] >= 2) {
+            scripts++;
+            snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s", list[0] ? ", " : "", script_names[k]);
+        }
+    if (scripts < SALAD_MIN_SCRIPTS) return false;
+    if (why) snprintf(why, why_len, "%d writing systems mixed over %zu bytes (%s): random tokens", scripts, n, list);
+    return true;
+}
+
 bool fp4d_probe_text_is_degenerate(const char *s, size_t n, char *why, size_t why_len)
 {
     if (why && why_len) why[0] = '\0';
@@ -171,7 +244,7 @@ bool fp4d_probe_text_is_degenerate(const char *s, size_t n, char *why, size_t wh
             return true;
         }
     }
-    return false;
+    return is_token_salad(s, n, why, why_len);
 }
 
 /* ---- parsing ------------------------------------------------------------------------------- */
