@@ -15,6 +15,7 @@
 #include "cli.h"
 #include "cli_fp4_tensor.h"
 #include "fp4doctor/backend.h"
+#include "fp4doctor/doctor.h"
 #include "fp4doctor/ref.h"
 
 /* One "file.safetensors:NAME" operand: the open file and the loaded tensor. */
@@ -228,14 +229,46 @@ int cmd_gemm(int argc, char **argv)
 static void verify_usage(FILE *f)
 {
     fprintf(f,
-            "usage: fp4doctor verify A.safetensors:NAME B.safetensors:NAME OUTPUT.safetensors:NAME\n\n"
+            "usage: fp4doctor verify [--tolerance] A.safetensors:NAME B.safetensors:NAME OUTPUT.safetensors:NAME\n\n"
             "Computes the correctly rounded exact result of A . B^T (alpha as in `fp4doctor gemm`) in the\n"
             "output tensor's own dtype (F32, BF16 or F16) and compares it with OUTPUT bit for bit.\n"
             "Prints how many elements differ and the largest error in ulps (distance between the two values\n"
             "in representable steps of the output type; NaN where the other is not NaN counts as differing\n"
             "with unbounded error; any NaN matches any NaN; -0 vs +0 differs by 0 ulps but still differs).\n\n"
-            "exit codes: 0 bit-identical, 1 some element differs, 2 usage error, 3 unreadable input or\n"
-            "shapes that do not fit together\n");
+            "  --tolerance   judge OUTPUT as `fp4doctor check` judges a backend (docs/tolerance.md) instead:\n"
+            "                PASS within the bound of f32 accumulation in any order, INACCURATE within the\n"
+            "                practical tolerance, WRONG beyond it or NaN on one side only. For outputs of\n"
+            "                an engine's own kernels, which are correct without being bit-identical\n\n"
+            "exit codes: 0 bit-identical (with --tolerance: PASS), 1 some element differs (INACCURATE or\n"
+            "WRONG), 2 usage error, 3 unreadable input or shapes that do not fit together\n");
+}
+
+/* verify --tolerance: one line with the verdict of fp4d_judge_gemm_output. */
+static int verify_by_tolerance(const char *cmd, const fp4d_gemm_problem *p, const fp4d_st_tensor *ot, const char *name)
+{
+    fp4d_output_judgement j;
+    const fp4d_status st = fp4d_judge_gemm_output(p, ot->data, &j);
+    if (st != FP4D_STATUS_OK)
+        return cli_fail(st == FP4D_STATUS_NOMEM ? FP4D_EXIT_INTERNAL : FP4D_EXIT_INPUT, cmd,
+                        "the reference cannot run these operands: %s", fp4d_last_error());
+    const int64_t M = p->a.rows, N = p->b.rows;
+    const char *tname = fp4d_dtype_get(p->out_type)->name;
+    const char *verdict = j.beyond_practical ? "WRONG" : j.beyond_fp32 ? "INACCURATE" : "PASS";
+    char worst[200] = "every element exact";
+    if (j.worst >= 0)
+        snprintf(worst, sizeof worst, "worst at [%lld, %lld]: got %.9g, exact %.9g, f32 bound %.3g, practical %.3g",
+                 (long long)(j.worst / N), (long long)(j.worst % N), j.worst_got, j.worst_exact, j.worst_bound_fp32,
+                 j.worst_bound_practical);
+    if (!j.beyond_fp32)
+        printf("verify: PASS: all %lld elements of %s [%lld, %lld] %s are within the f32-accumulation bound of the "
+               "exact result; %s\n",
+               (long long)j.elements, name, (long long)M, (long long)N, tname, worst);
+    else
+        printf("verify: %s: %lld of %lld elements of %s [%lld, %lld] %s are outside the f32-accumulation bound, %lld "
+               "outside the practical tolerance; NaN mismatches: %lld; %s\n",
+               verdict, (long long)j.beyond_fp32, (long long)j.elements, name, (long long)M, (long long)N, tname,
+               (long long)j.beyond_practical, (long long)j.nan_mismatch, worst);
+    return j.beyond_fp32 ? FP4D_EXIT_FAILED : FP4D_EXIT_OK;
 }
 
 static int fmt_width(fp4d_dtype t) { return t == FP4D_DTYPE_F32 ? 32 : 16; }
@@ -282,8 +315,23 @@ static int64_t bits_ordinal(uint64_t b, fp4d_dtype t)
 int cmd_verify(int argc, char **argv)
 {
     const char *cmd = argv[0];
-    int         parse_rc = cli_parse_help_only(argc, argv, verify_usage);
-    if (parse_rc >= 0) return parse_rc;
+    static const struct option longopts[] = {{"tolerance", no_argument, NULL, 't'}, {"help", no_argument, NULL, 'h'},
+                                             {NULL, 0, NULL, 0}};
+    bool by_tolerance = false;
+    int  c;
+    optind = 1;
+    opterr = 0;
+    while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
+        if (c == 'h') {
+            verify_usage(stdout);
+            return FP4D_EXIT_OK;
+        }
+        if (c == 't') {
+            by_tolerance = true;
+            continue;
+        }
+        return cli_fail(FP4D_EXIT_USAGE, cmd, "unknown option '%s' (see fp4doctor verify --help)", argv[optind - 1]);
+    }
     if (argc - optind != 3)
         return cli_fail(FP4D_EXIT_USAGE, cmd,
                         "expected A.safetensors:NAME B.safetensors:NAME OUTPUT.safetensors:NAME (see fp4doctor verify --help)");
@@ -310,14 +358,16 @@ int cmd_verify(int argc, char **argv)
                           o.name, (long long)M, (long long)N);
     }
     void *want = NULL;
-    if (!rc) {
+    if (!rc && by_tolerance) {
+        fp4d_gemm_problem p = {a.op.m, b.op.m, alpha, out_type, NULL};
+        rc = verify_by_tolerance(cmd, &p, ot, o.name);
+    } else if (!rc) {
         want = malloc((size_t)(M * N) * fp4d_out_elem_size(out_type));
         fp4d_gemm_problem p = {a.op.m, b.op.m, alpha, out_type, want};
         if (!want) rc = cli_fail(FP4D_EXIT_INTERNAL, cmd, "out of memory");
         else if (fp4d_ref_gemm(&p) != FP4D_STATUS_OK)
             rc = cli_fail(FP4D_EXIT_INPUT, cmd, "the reference cannot run these operands: %s", fp4d_last_error());
-    }
-    if (!rc) {
+        if (rc) goto done;
         int64_t differ = 0, nan_mismatch = 0, first_nan = -1, worst = -1, worst_ulps = 0;
         for (int64_t i = 0; i < M * N; i++) {
             uint64_t g = load_bits(ot->data, out_type, i), r = load_bits(want, out_type, i);
@@ -356,6 +406,7 @@ int cmd_verify(int argc, char **argv)
             rc = FP4D_EXIT_FAILED;
         }
     }
+done:
     free(want);
     spec_close(&a);
     spec_close(&b);

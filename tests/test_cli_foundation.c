@@ -365,6 +365,74 @@ static void test_gemm_ref_and_verify(void **state)
     fp4d_st_close(fq);
 }
 
+/* Writes an f16 [AM, WN] output "out" of the values in v (rounded) to name. */
+static void save_f16_out(const char *name, const float *v)
+{
+    uint16_t h[AM * WN];
+    for (int i = 0; i < AM * WN; i++) h[i] = fp4d_f16_from_f32(v[i]);
+    fp4d_st_writer *w = fp4d_st_writer_new();
+    const int64_t shape[2] = {AM, WN};
+    assert_int_equal(fp4d_st_writer_add(w, "out", FP4D_ST_F16, 2, shape, h, sizeof h), FP4D_STATUS_OK);
+    assert_int_equal(fp4d_st_writer_save(w, path_of(name)), FP4D_STATUS_OK);
+    fp4d_st_writer_free(w);
+}
+
+/* verify --tolerance judges as check does: the cpu backend's f32 sums, not bit-identical to the
+ * correctly rounded result, PASS; an element a few ulps off is INACCURATE, a NaN or a doubled
+ * element WRONG; each verdict names the element and its bounds. */
+static void test_verify_tolerance(void **state)
+{
+    (void)state;
+    assert_int_equal(run_cli("quantize '%s' '%s'", path_of("in.safetensors"), path_of("t_q.safetensors")), 0);
+    const char *a = path_of("in.safetensors"), *b = path_of("t_q.safetensors");
+    char a_spec[600], b_spec[600];
+    snprintf(a_spec, sizeof a_spec, "%s:model.act", a);
+    snprintf(b_spec, sizeof b_spec, "%s:model.w", b);
+    assert_int_equal(run_cli("gemm --backend cpu --out-dtype f16 '%s' '%s' '%s'", a_spec, b_spec,
+                             path_of("t_out.safetensors")),
+                     0);
+    assert_int_equal(run_cli("verify --tolerance '%s' '%s' '%s:out'", a_spec, b_spec, path_of("t_out.safetensors")), 0);
+    assert_true(output_contains("stdout.txt", "verify: PASS: all 30 elements of out [5, 6] f16 are within the "
+                                              "f32-accumulation bound"));
+    /* the exact result itself, and then that result spoiled three ways */
+    assert_int_equal(run_cli("gemm --backend ref --out-dtype f16 '%s' '%s' '%s'", a_spec, b_spec,
+                             path_of("t_ref.safetensors")),
+                     0);
+    fp4d_st_file *f = fp4d_st_open(path_of("t_ref.safetensors"), NULL);
+    assert_non_null(f);
+    float v[AM * WN];
+    for (int i = 0; i < AM * WN; i++) v[i] = fp4d_f16_to_f32(((const uint16_t *)fp4d_st_find(f, "out")->data)[i]);
+    fp4d_st_close(f);
+    save_f16_out("t_same.safetensors", v);
+    assert_int_equal(run_cli("verify --tolerance '%s' '%s' '%s:out'", a_spec, b_spec, path_of("t_same.safetensors")), 0);
+    assert_true(output_contains("stdout.txt", "every element exact"));
+    int worst = 0; /* the largest element: a few ulps there is past the f32 bound, within 1% of S */
+    for (int i = 1; i < AM * WN; i++)
+        if (fabsf(v[i]) > fabsf(v[worst])) worst = i;
+    const float keep = v[worst];
+    v[worst] = keep * (1.0f + 4.0f / 1024.0f);
+    save_f16_out("t_off.safetensors", v);
+    assert_int_equal(run_cli("verify --tolerance '%s' '%s' '%s:out'", a_spec, b_spec, path_of("t_off.safetensors")), 1);
+    char where[64];
+    snprintf(where, sizeof where, "worst at [%d, %d]", worst / WN, worst % WN);
+    assert_true(output_contains("stdout.txt", "verify: INACCURATE: 1 of 30 elements"));
+    assert_true(output_contains("stdout.txt", where));
+    v[worst] = 2.0f * keep;
+    save_f16_out("t_double.safetensors", v);
+    assert_int_equal(run_cli("verify --tolerance '%s' '%s' '%s:out'", a_spec, b_spec, path_of("t_double.safetensors")),
+                     1);
+    assert_true(output_contains("stdout.txt", "verify: WRONG: 1 of 30 elements"));
+    assert_true(output_contains("stdout.txt", "1 outside the practical tolerance; NaN mismatches: 0"));
+    v[worst] = keep;
+    v[3] = NAN;
+    save_f16_out("t_nan.safetensors", v);
+    assert_int_equal(run_cli("verify --tolerance '%s' '%s' '%s:out'", a_spec, b_spec, path_of("t_nan.safetensors")), 1);
+    assert_true(output_contains("stdout.txt", "NaN mismatches: 1; worst at [0, 3]: got nan"));
+    assert_int_equal(run_cli("verify --tolerance --bogus '%s' '%s' '%s:out'", a_spec, b_spec,
+                             path_of("t_nan.safetensors")),
+                     2);
+}
+
 static void test_bad_input_exit_codes(void **state)
 {
     (void)state;
@@ -628,6 +696,7 @@ int main(void)
         cmocka_unit_test(test_dequantize_round_trip),
         cmocka_unit_test(test_long_tensor_names),
         cmocka_unit_test(test_gemm_ref_and_verify),
+        cmocka_unit_test(test_verify_tolerance),
         cmocka_unit_test(test_bad_input_exit_codes),
         cmocka_unit_test(test_bench_host_backends),
         cmocka_unit_test(test_report_replaced_only_when_complete),

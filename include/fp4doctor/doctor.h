@@ -156,6 +156,23 @@ typedef struct fp4d_case_result {
 fp4d_status fp4d_doctor_run_case(fp4d_backend_t backend, const fp4d_case *c, uint64_t seed,
                                  fp4d_case_result *r);
 
+/* An output made anywhere (an engine's kernel, dumped to a file) judged against the exact
+ * result with check's error model (docs/tolerance.md §2), element by element. */
+typedef struct fp4d_output_judgement {
+    int64_t elements;
+    int64_t beyond_fp32;      /* outside the f32-accumulation bound (INACCURATE or worse) */
+    int64_t beyond_practical; /* outside the practical tolerance too (WRONG), NaN mismatches included */
+    int64_t nan_mismatch;     /* NaN on one side only; an infinity where the exact value is finite counts
+                               * as beyond both bounds */
+    int64_t worst;            /* flat index (m * N + n) of the worst element: the first NaN mismatch,
+                               * else the largest error / f32 bound; -1 when every element is exact */
+    double  worst_got, worst_exact, worst_bound_fp32, worst_bound_practical;
+} fp4d_output_judgement;
+
+/* Judges got (p->a.rows x p->b.rows elements of p->out_type, row-major; p->out is not read) against
+ * the exact result of p. O(M N K); the exact reference runs on every element. */
+fp4d_status fp4d_judge_gemm_output(const fp4d_gemm_problem *p, const void *got, fp4d_output_judgement *r);
+
 /* ---------------------------------------------------------------------------------------
  * The whole check: isolated children, report
  * ------------------------------------------------------------------------------------- */
