@@ -17,13 +17,16 @@
 
 static void scan_usage(FILE *f)
 {
-    fprintf(f, "usage: fp4doctor scan PATH [--scales-only] [--json FILE|-] [--threads N]\n\n"
+    fprintf(f, "usage: fp4doctor scan PATH [--scales-only] [--tp N] [--json FILE|-] [--threads N]\n\n"
                "Checks an NVFP4/MXFP4 checkpoint (a directory with config.json, hf_quant_config.json,\n"
                "model.safetensors.index.json and shards, or one .safetensors file): headers, index,\n"
                "companion tensors, dtypes, shapes, block and global scales, NaN/Inf, the quant\n"
                "config's exclusions, and which quantizer wrote it.\n\n"
                "  --scales-only  read only block-scale and global-scale tensors (~11%% of the bytes)\n"
                "  --json FILE|-  write the JSON report (docs/json-schema.md) to FILE or stdout\n"
+               "  --tp N         judge each quantized linear's shard at tensor-parallel degree N (2..1024):\n"
+               "                 a K or N that N ranks cannot split, a scale block split between ranks,\n"
+               "                 an NVFP4 K per rank that is not a multiple of 32 (vLLM #48898)\n"
                "  --threads N    reader threads (default: one per CPU)\n\n"
                "exit: 0 no error finding, 1 an error finding, 2 usage, 3 PATH unreadable, 4 internal error\n");
 }
@@ -87,6 +90,12 @@ int cmd_scan(int argc, char **argv)
             if (!cli_parse_u64(argv[i], &n) || n < 1 || n > 1024)
                 return cli_fail(FP4D_EXIT_USAGE, cmd, "--threads: '%s' is not a number in 1..1024", argv[i]);
             opt.threads = (int)n;
+        } else if (!strcmp(a, "--tp")) {
+            if (++i >= argc) return cli_fail(FP4D_EXIT_USAGE, cmd, "--tp needs a number");
+            uint64_t n;
+            if (!cli_parse_u64(argv[i], &n) || n < 1 || n > 1024)
+                return cli_fail(FP4D_EXIT_USAGE, cmd, "--tp: '%s' is not a number in 1..1024", argv[i]);
+            opt.tensor_parallel = (int)n;
         } else if (a[0] == '-' && a[1]) {
             return cli_fail(FP4D_EXIT_USAGE, cmd, "unknown option '%s' (see fp4doctor scan --help)", a);
         } else if (!path) {

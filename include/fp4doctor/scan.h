@@ -58,7 +58,8 @@ const char *fp4d_scan_severity_name(fp4d_scan_severity s); /* "info", "warning",
     X(NONFINITE_VALUES, 17)               \
     X(SCALE_OUTLIER, 18)                  \
     X(EXCLUDED_BUT_QUANTIZED, 19)         \
-    X(QUANTIZED_BUT_EXCLUDED, 20)
+    X(QUANTIZED_BUT_EXCLUDED, 20)         \
+    X(TP_SHARD, 21)
 
 typedef enum fp4d_finding_code {
 #define FP4D_FINDING_ENUM_(name, num) FP4D_FINDING_##name = num,
@@ -98,6 +99,8 @@ typedef struct fp4d_scan_options {
     int                   threads;     /* 0 = one per online CPU */
     fp4d_scan_progress_fn progress;    /* may be NULL */
     void                 *progress_user;
+    int                   tensor_parallel; /* > 1: judge each quantized linear's shard at this
+                                            * tensor-parallel degree (TP_SHARD); 0 or 1: none */
 } fp4d_scan_options;
 
 typedef struct fp4d_scan_report fp4d_scan_report;

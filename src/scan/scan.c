@@ -1493,6 +1493,81 @@ static fp4d_status check_quantized_but_excluded(scan_ctx *c)
     return FP4D_STATUS_OK;
 }
 
+/* ---- tensor-parallel shards (--tp) ------------------------------------------------------ */
+
+/* Modules that engines split along K (row-parallel: their input is the sharded activation);
+ * every other linear is split along its output rows N (column-parallel). */
+static bool row_parallel(const char *leaf)
+{
+    static const char *const names[] = {"down_proj", "o_proj", "out_proj", "dense_4h_to_h", "w2", "wo", "fc2"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        if (!strcmp(leaf, names[i])) return true;
+    return false;
+}
+
+/* What one rank's shard of a unit is at this TP degree: 0 fine, 1 a K or N that does not divide
+ * (error), 2 a K per rank that splits a scale block (error), 3 an NVFP4 K per rank that is not a
+ * multiple of 32 (warning). *dim_out is the dimension judged (K or N), *split whether it is K. */
+static int shard_problem(const scan_ctx *c, const scan_unit *u, int tp, int64_t *dim_out, bool *split_k)
+{
+    const scan_tensor *w = &c->tensors[u->weight];
+    int64_t n, k;
+    if (!w->trusted) return 0;
+    if (u->kind == UNIT_GPTOSS) {
+        if (w->ndim < 3) return 0;
+        n = w->shape[w->ndim - 3];
+        k = w->shape[w->ndim - 2] * 32;
+    } else {
+        if (w->ndim < 2) return 0;
+        n = w->shape[w->ndim - 2];
+        k = 2 * w->shape[w->ndim - 1];
+    }
+    *split_k = row_parallel(leaf_of(u->module));
+    *dim_out = *split_k ? k : n;
+    if (*dim_out <= 0) return 0;
+    if (*dim_out % tp) return 1;
+    if (!*split_k) return 0;
+    const int64_t kr = k / tp;
+    if (kr % u->block) return 2;
+    return !u->is_mx && kr % 32 ? 3 : 0;
+}
+
+/* One finding per weight, as for every other finding: the per-layer table then says which
+ * layers a TP degree breaks. */
+static fp4d_status check_tp_shards(scan_ctx *c)
+{
+    const int tp = c->opt.tensor_parallel;
+    for (size_t i = 0; tp > 1 && i < c->num_units; i++) {
+        const scan_unit *u = &c->units[i];
+        int64_t dim = 0;
+        bool split_k = false;
+        const int problem = shard_problem(c, u, tp, &dim, &split_k);
+        if (!problem) continue;
+        const scan_tensor *w = &c->tensors[u->weight];
+        const char *leaf = leaf_of(u->module);
+        const long long d = (long long)dim, per = (long long)(dim / tp);
+        fp4d_status st;
+        if (problem == 1)
+            st = add_finding(c, FP4D_FINDING_TP_SHARD, FP4D_SCAN_ERROR, w->name, file_rel(c, w->file), 1,
+                             "%s has %s = %lld, which %d tensor-parallel ranks cannot split evenly (%s is split %s): "
+                             "engines refuse it at --tp %d", w->name, split_k ? "K" : "N", d, tp, leaf,
+                             split_k ? "along K, row-parallel" : "along its output rows, column-parallel", tp);
+        else if (problem == 2)
+            st = add_finding(c, FP4D_FINDING_TP_SHARD, FP4D_SCAN_ERROR, w->name, file_rel(c, w->file), 1,
+                             "%s has K = %lld: at --tp %d each rank holds K = %lld, which splits a %lld-element "
+                             "scale block between two ranks", w->name, d, tp, per, (long long)u->block);
+        else
+            st = add_finding(c, FP4D_FINDING_TP_SHARD, FP4D_SCAN_WARNING, w->name, file_rel(c, w->file), 1,
+                             "%s has K = %lld: at --tp %d each rank holds K = %lld, not a multiple of 32, so each "
+                             "rank's block-scale rows end in a padded column; FlashInfer's CUTLASS and cuDNN NVFP4 "
+                             "linear kernels read stale memory there under torch.compile (vLLM #48898: garbage at "
+                             "TP8, Marlin correct). Prefer a Marlin linear backend at this TP degree, or one that "
+                             "keeps K / tp a multiple of 32", w->name, d, tp, per);
+        FP4D_FORWARD_IF_ERROR(st);
+    }
+    return FP4D_STATUS_OK;
+}
+
 /* ---- phase 3a: global and input scales --------------------------------------------------- */
 
 static bool read_exact(int fd, void *buf, size_t len, uint64_t off)
@@ -2379,6 +2454,7 @@ static fp4d_status scan_run(scan_ctx *c)
     for (size_t i = 0; i < c->num_units; i++) FP4D_FORWARD_IF_ERROR(check_unit_structure(c, &c->units[i]));
     FP4D_FORWARD_IF_ERROR(check_orphans(c));
     FP4D_FORWARD_IF_ERROR(check_quantized_but_excluded(c));
+    FP4D_FORWARD_IF_ERROR(check_tp_shards(c));
     FP4D_FORWARD_IF_ERROR(check_global_scales(c));
     size_t buf_bytes = 0;
     FP4D_FORWARD_IF_ERROR(plan_jobs(c, &buf_bytes));
@@ -2712,9 +2788,11 @@ void fp4d_scan_report_print(const fp4d_scan_report *r, FILE *out, bool color)
             fprintf(out, "  layer %-4lld", (long long)t[i].layer);
             size_t j = i;
             while (j < n && t[j].layer == t[i].layer) {
-                fprintf(out, " %s=%llu", fp4d_finding_code_name((fp4d_finding_code)t[j].code),
-                        (unsigned long long)t[j].count);
-                j++;
+                /* one entry per code, as in the JSON's counts (sorted, so a code's tallies are adjacent) */
+                uint64_t count = 0;
+                const int code = t[j].code;
+                for (; j < n && t[j].layer == t[i].layer && t[j].code == code; j++) count += t[j].count;
+                fprintf(out, " %s=%llu", fp4d_finding_code_name((fp4d_finding_code)code), (unsigned long long)count);
             }
             fputc('\n', out);
             i = j;

@@ -914,11 +914,76 @@ static void test_modelopt_config_names_the_other_format(void **s)
     rm_tree(dir);
 }
 
+/* The findings of code `code` and severity `sev` whose tensor ends in `suffix`. */
+static size_t count_code(const fp4d_scan_report *r, fp4d_finding_code code, fp4d_scan_severity sev, const char *suffix)
+{
+    size_t n = 0;
+    const size_t ls = strlen(suffix);
+    for (size_t i = 0; i < fp4d_scan_report_count(r); i++) {
+        const fp4d_scan_finding *f = fp4d_scan_report_get(r, i);
+        const size_t lt = f->tensor ? strlen(f->tensor) : 0;
+        n += f->code == code && f->severity == sev && lt >= ls && !strcmp(f->tensor + lt - ls, suffix);
+    }
+    return n;
+}
+
+/* --tp: a K or N the ranks cannot split, a K per rank that splits a scale block (errors), and
+ * an NVFP4 K per rank that is not a multiple of 32 (vLLM #48898; a warning), one finding per
+ * weight. Two layers, hidden 256 (q 256 rows, k/v 128, o K 256), intermediate 384 (gate/up 384
+ * rows, down K 384). */
+static void test_tensor_parallel_shards(void **s)
+{
+    (void)s;
+    char *dir = make_tmpdir();
+    fp4d_ckpt_gen_params p;
+    fp4d_ckpt_gen_defaults(&p, FP4D_CKPT_MODELOPT_NVFP4);
+    p.layers = 2;
+    p.hidden = 256;
+    p.intermediate = 384;
+    assert_int_equal(fp4d_ckpt_generate(dir, &p), FP4D_STATUS_OK);
+    const fp4d_finding_code tp = FP4D_FINDING_TP_SHARD;
+    const fp4d_scan_severity err = FP4D_SCAN_ERROR, warn = FP4D_SCAN_WARNING;
+    static const int degrees[] = {0, 1, 2, 3, 8, 16};
+    for (size_t d = 0; d < sizeof degrees / sizeof degrees[0]; d++) {
+        fp4d_scan_options opt = {0};
+        opt.threads = 2;
+        opt.tensor_parallel = degrees[d];
+        fp4d_scan_report *r = NULL;
+        assert_int_equal(fp4d_scan_path(dir, &opt, &r), FP4D_STATUS_OK);
+        size_t all = 0;
+        for (size_t i = 0; i < fp4d_scan_report_count(r); i++) all += fp4d_scan_report_get(r, i)->code == tp;
+        switch (degrees[d]) {
+        case 3: /* 256 and 128 do not divide by 3; 384 does, and down's 128 per rank is fine */
+            assert_int_equal(count_code(r, tp, err, "q_proj.weight"), 2);
+            assert_int_equal(count_code(r, tp, err, "k_proj.weight"), 2);
+            assert_int_equal(count_code(r, tp, err, "v_proj.weight"), 2);
+            assert_int_equal(count_code(r, tp, err, "o_proj.weight"), 2);
+            assert_int_equal(all, 8);
+            break;
+        case 8: /* down: 48 per rank, a multiple of 16 but not of 32 */
+            assert_int_equal(count_code(r, tp, warn, "down_proj.weight"), 2);
+            assert_int_equal(all, 2);
+            break;
+        case 16: /* down: 24 per rank splits a block; o: 16 per rank, not a multiple of 32 */
+            assert_int_equal(count_code(r, tp, err, "down_proj.weight"), 2);
+            assert_int_equal(count_code(r, tp, warn, "o_proj.weight"), 2);
+            assert_int_equal(all, 4);
+            break;
+        default: /* none asked for, or every shard is fine (2) */
+            assert_int_equal(all, 0);
+        }
+        print_findings(r);
+        fp4d_scan_report_free(r);
+    }
+    rm_tree(dir);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_clean_modelopt),
         cmocka_unit_test(test_modelopt_config_names_the_other_format),
+        cmocka_unit_test(test_tensor_parallel_shards),
         cmocka_unit_test(test_cli_replay_refuses_malformed_layers),
         cmocka_unit_test(test_clean_modelopt_moe),
         cmocka_unit_test(test_clean_ct_nvfp4),
