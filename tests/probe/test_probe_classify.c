@@ -337,6 +337,12 @@ static void test_degenerate_text(void **state)
         "Paris is the capital and most populous city of France, with an estimated population of "
         "about two million residents.",
         "1, 2, 3, 4, 5, 6, 7, 8, 9, 10",
+        /* a name quoted in its own script (two or three writing systems) is no token salad (below);
+         * nor are malformed UTF-8 bytes, which belong to no writing system */
+        "The capital of Japan is Tokyo (\xe6\x9d\xb1\xe4\xba\xac, Toukyou), a city of many millions.",
+        "\xe6\xb3\x95\xe5\x9b\xbd\xe7\x9a\x84\xe9\xa6\x96\xe9\x83\xbd\xe6\x98\xaf\xe5\xb7\xb4"
+        "\xe9\xbb\x8e\xe3\x80\x82 The capital of France is Paris (\xd0\x9f\xd0\xb0\xd1\x80\xd0\xb8\xd0\xb6).",
+        "The answer is 42 \xff\xfe\xc3 and nothing else matters here at all.",
     };
     for (size_t i = 0; i < sizeof fine / sizeof fine[0]; i++)
         if (fp4d_probe_text_is_degenerate(fine[i], strlen(fine[i]), why, sizeof why))
@@ -364,17 +370,6 @@ static void test_degenerate_text(void **state)
     assert_true(fp4d_probe_text_is_degenerate(salad, strlen(salad), why, sizeof why));
     if (!strstr(why, "5 writing systems") || !strstr(why, "Latin, Greek, Cyrillic, Arabic, Han"))
         fail_msg("salad explained as: %s", why);
-    /* Answers that quote a name in its own script (two or three systems) are answers; so are
-     * malformed UTF-8 bytes, which belong to no writing system. */
-    const char *quoted[] = {
-        "The capital of Japan is Tokyo (\xe6\x9d\xb1\xe4\xba\xac, Toukyou), a city of many millions.",
-        "\xe6\xb3\x95\xe5\x9b\xbd\xe7\x9a\x84\xe9\xa6\x96\xe9\x83\xbd\xe6\x98\xaf\xe5\xb7\xb4"
-        "\xe9\xbb\x8e\xe3\x80\x82 The capital of France is Paris (\xd0\x9f\xd0\xb0\xd1\x80\xd0\xb8\xd0\xb6).",
-        "The answer is 42 \xff\xfe\xc3 and nothing else matters here at all.",
-    };
-    for (size_t i = 0; i < sizeof quoted / sizeof quoted[0]; i++)
-        if (fp4d_probe_text_is_degenerate(quoted[i], strlen(quoted[i]), why, sizeof why))
-            fail_msg("'%s' judged degenerate: %s", quoted[i], why);
     /* As a response: DEGENERATE, not a WRONG_ANSWER that an unverifiable server excuses */
     char body[512];
     snprintf(body, sizeof body, "{\"choices\":[{\"message\":{\"content\":\"%s\"},\"finish_reason\":\"stop\"}]}",
