@@ -17,7 +17,7 @@
 
 static void scan_usage(FILE *f)
 {
-    fprintf(f, "usage: fp4doctor scan PATH [--scales-only] [--tp N] [--json FILE|-] [--threads N]\n\n"
+    fprintf(f, "usage: fp4doctor scan PATH [--scales-only] [--tp N] [--verify-hashes] [--json FILE|-] [--threads N]\n\n"
                "Checks an NVFP4/MXFP4 checkpoint (a directory with config.json, hf_quant_config.json,\n"
                "model.safetensors.index.json and shards, or one .safetensors file): headers, index,\n"
                "companion tensors, dtypes, shapes, block and global scales, NaN/Inf, the quant\n"
@@ -27,6 +27,8 @@ static void scan_usage(FILE *f)
                "  --tp N         judge each quantized linear's shard at tensor-parallel degree N (2..1024):\n"
                "                 a K or N that N ranks cannot split, a scale block split between ranks,\n"
                "                 an NVFP4 K per rank that is not a multiple of 32 (vLLM #48898)\n"
+               "  --verify-hashes  sha256 of every file against its Hugging Face cache blob name\n"
+               "                 (snapshots/REV/NAME -> blobs/SHA256) or a SHA256SUMS file beside it\n"
                "  --threads N    reader threads (default: one per CPU)\n\n"
                "exit: 0 no error finding, 1 an error finding, 2 usage, 3 PATH unreadable, 4 internal error\n");
 }
@@ -90,6 +92,11 @@ int cmd_scan(int argc, char **argv)
             if (!cli_parse_u64(argv[i], &n) || n < 1 || n > 1024)
                 return cli_fail(FP4D_EXIT_USAGE, cmd, "--threads: '%s' is not a number in 1..1024", argv[i]);
             opt.threads = (int)n;
+        } else if (!strcmp(a, "--verify-hashes")) {
+            if (!fp4d_scan_hashes_available())
+                return cli_fail(FP4D_EXIT_USAGE, cmd, "--verify-hashes: this fp4doctor was built without OpenSSL's "
+                                                      "libcrypto (install libssl-dev and rebuild)");
+            opt.verify_hashes = true;
         } else if (!strcmp(a, "--tp")) {
             if (++i >= argc) return cli_fail(FP4D_EXIT_USAGE, cmd, "--tp needs a number");
             uint64_t n;

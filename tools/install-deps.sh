@@ -2,7 +2,7 @@
 # Installs the Debian packages fp4doctor builds against, when they are missing and we are
 # root; otherwise says what is missing and carries on (cmake then names what it lacks).
 set -u
-pkgs="cmake make gcc g++ pkg-config libjansson-dev libcurl4-openssl-dev libmicrohttpd-dev libcmocka-dev libopenblas-dev"
+pkgs="cmake make gcc g++ pkg-config libjansson-dev libcurl4-openssl-dev libssl-dev libmicrohttpd-dev libcmocka-dev libopenblas-dev"
 missing=""
 for p in $pkgs; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"

@@ -59,7 +59,8 @@ const char *fp4d_scan_severity_name(fp4d_scan_severity s); /* "info", "warning",
     X(SCALE_OUTLIER, 18)                  \
     X(EXCLUDED_BUT_QUANTIZED, 19)         \
     X(QUANTIZED_BUT_EXCLUDED, 20)         \
-    X(TP_SHARD, 21)
+    X(TP_SHARD, 21)                       \
+    X(FILE_HASH_MISMATCH, 22)
 
 typedef enum fp4d_finding_code {
 #define FP4D_FINDING_ENUM_(name, num) FP4D_FINDING_##name = num,
@@ -101,7 +102,12 @@ typedef struct fp4d_scan_options {
     void                 *progress_user;
     int                   tensor_parallel; /* > 1: judge each quantized linear's shard at this
                                             * tensor-parallel degree (TP_SHARD); 0 or 1: none */
+    bool                  verify_hashes;   /* sha256 of each file against its Hugging Face cache
+                                            * blob name or a SHA256SUMS file (FILE_HASH_MISMATCH) */
 } fp4d_scan_options;
+
+/* Whether this build can hash files (verify_hashes needs OpenSSL's libcrypto). */
+bool fp4d_scan_hashes_available(void);
 
 typedef struct fp4d_scan_report fp4d_scan_report;
 

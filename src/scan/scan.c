@@ -13,6 +13,7 @@
  * Data is read with pread() into a few MiB per thread rather than mapped: mapped pages of
  * a 200 GB checkpoint would all count as resident, and the memory held must stay bounded.
  */
+#include <ctype.h>
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -1493,6 +1494,162 @@ static fp4d_status check_quantized_but_excluded(scan_ctx *c)
     return FP4D_STATUS_OK;
 }
 
+/* ---- file digests (--verify-hashes) ------------------------------------------------------ */
+
+static bool is_sha256_hex(const char *s)
+{
+    size_t n = 0;
+    for (; s[n]; n++)
+        if (!((s[n] >= '0' && s[n] <= '9') || (s[n] >= 'a' && s[n] <= 'f'))) return false;
+    return n == 64;
+}
+
+/* The digest SHA256SUMS (sha256sum's format: "HEX  NAME" or "HEX *NAME") gives rel, if any. */
+static bool sums_digest(const char *sums, const char *rel, char hex[65])
+{
+    for (const char *line = sums; line && *line;) {
+        const char *end = strchr(line, '\n');
+        size_t len = end ? (size_t)(end - line) : strlen(line);
+        if (len > 66 && (line[64] == ' ' || line[64] == '\t')) {
+            const char *name = line + 65;
+            if (*name == ' ' || *name == '*') name++;
+            size_t nl = len - (size_t)(name - line);
+            while (nl && (name[nl - 1] == '\r' || name[nl - 1] == ' ')) nl--;
+            if (name[0] == '.' && name[1] == '/') name += 2, nl = nl >= 2 ? nl - 2 : 0;
+            if (nl == strlen(rel) && !memcmp(name, rel, nl)) {
+                memcpy(hex, line, 64);
+                hex[64] = '\0';
+                for (int i = 0; i < 64; i++) hex[i] = (char)tolower((unsigned char)hex[i]);
+                if (is_sha256_hex(hex)) return true;
+            }
+        }
+        line = end ? end + 1 : NULL;
+    }
+    return false;
+}
+
+/* What a file's digest should be, and who says so: a Hugging Face cache names each LFS file
+ * (safetensors are) blobs/SHA256, the snapshot holding a link to it; else SHA256SUMS. */
+static const char *expected_digest(const scan_file *f, const char *sums, bool single_file, char hex[65])
+{
+    char target[4096];
+    const ssize_t n = readlink(f->path, target, sizeof target - 1);
+    const char *name = f->path;
+    if (n > 0) {
+        target[n] = '\0';
+        name = target;
+    }
+    const char *slash = strrchr(name, '/');
+    const char *base = slash ? slash + 1 : name;
+    if (is_sha256_hex(base)) {
+        memcpy(hex, base, 65);
+        return "its Hugging Face cache blob name";
+    }
+    /* a single file is listed in the SHA256SUMS beside it by its name alone */
+    const char *listed = f->rel;
+    if (single_file && strrchr(f->rel, '/')) listed = strrchr(f->rel, '/') + 1;
+    if (sums && sums_digest(sums, listed, hex)) return "SHA256SUMS";
+    return NULL;
+}
+
+typedef struct digest_job {
+    scan_ctx         *c;
+    const char       *sums;
+    char            (*want)[65], (*got)[65], (*why)[160];
+    const char      **source;
+    atomic_size_t     next;
+} digest_job;
+
+static void *digest_worker(void *arg)
+{
+    digest_job *j = arg;
+    for (size_t i; (i = atomic_fetch_add(&j->next, 1)) < j->c->num_files;) {
+        const scan_file *f = &j->c->files[i];
+        if (f->fd < 0 || f->state == FILE_UNREADABLE ||
+            !(j->source[i] = expected_digest(f, j->sums, !j->c->root, j->want[i])))
+            continue;
+        if (!scan_sha256_fd(f->fd, f->size, j->got[i], j->why[i], sizeof j->why[i])) j->got[i][0] = '\0';
+    }
+    return NULL;
+}
+
+/* Hashes every file that has a digest to check, one file per thread at a time, and reports
+ * each that differs (or cannot be read), with a note of how many were checked. */
+static fp4d_status check_file_digests(scan_ctx *c)
+{
+    if (!c->opt.verify_hashes || !c->num_files) return FP4D_STATUS_OK;
+    FP4D_RETURN_ERROR_IF(!scan_hashes_available(), UNSUPPORTED,
+                         "--verify-hashes: this fp4doctor was built without OpenSSL's libcrypto (libssl-dev)");
+    char *sums = NULL;
+    size_t sums_len = 0;
+    small_file_state state = SMALL_FILE_ABSENT;
+    char why[160];
+    {
+        /* beside the shards, or beside the one file scanned */
+        const char *file0 = c->files[0].path, *slash = strrchr(file0, '/');
+        char *dir = c->root ? strdup(c->root) : slash ? strndup(file0, (size_t)(slash - file0)) : strdup(".");
+        char *p = dir ? path_join(dir, "SHA256SUMS") : NULL;
+        free(dir);
+        if (!p) return fp4d_set_error(FP4D_STATUS_NOMEM, "out of memory");
+        fp4d_status st = read_small_file(p, &sums, &sums_len, &state, why, sizeof why);
+        free(p);
+        FP4D_FORWARD_IF_ERROR(st);
+        if (state == SMALL_FILE_UNREADABLE)
+            FP4D_FORWARD_IF_ERROR(add_finding(c, FP4D_FINDING_HEADER_INVALID, FP4D_SCAN_ERROR, NULL, "SHA256SUMS", 1,
+                                              "cannot read SHA256SUMS: %s; its digests are not checked", why));
+    }
+    digest_job j = {.c = c, .sums = sums};
+    j.want = calloc(c->num_files, sizeof *j.want);
+    j.got = calloc(c->num_files, sizeof *j.got);
+    j.why = calloc(c->num_files, sizeof *j.why);
+    j.source = calloc(c->num_files, sizeof *j.source);
+    atomic_init(&j.next, 0);
+    fp4d_status st = FP4D_STATUS_OK;
+    if (!j.want || !j.got || !j.why || !j.source) st = fp4d_set_error(FP4D_STATUS_NOMEM, "out of memory");
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    size_t nthreads = c->opt.threads > 0 ? (size_t)c->opt.threads : cpus > 0 ? (size_t)cpus : 1;
+    if (nthreads > c->num_files) nthreads = c->num_files;
+    pthread_t *tids = st == FP4D_STATUS_OK ? calloc(nthreads, sizeof *tids) : NULL;
+    size_t started = 0;
+    if (st == FP4D_STATUS_OK && !tids) st = fp4d_set_error(FP4D_STATUS_NOMEM, "out of memory");
+    for (; st == FP4D_STATUS_OK && started < nthreads; started++)
+        if (pthread_create(&tids[started], NULL, digest_worker, &j) != 0) break;
+    if (st == FP4D_STATUS_OK && started == 0) digest_worker(&j); /* no thread to be had: this one */
+    for (size_t t = 0; t < started; t++) pthread_join(tids[t], NULL);
+    size_t checked = 0, without = 0;
+    for (size_t i = 0; st == FP4D_STATUS_OK && i < c->num_files; i++) {
+        const scan_file *f = &c->files[i];
+        if (f->fd < 0 || f->state == FILE_UNREADABLE) continue;
+        if (!j.source[i]) {
+            without++;
+            continue;
+        }
+        checked++;
+        if (!j.got[i][0])
+            st = add_finding(c, FP4D_FINDING_FILE_HASH_MISMATCH, FP4D_SCAN_ERROR, NULL, f->rel, 1,
+                             "cannot hash %s: %s", f->rel, j.why[i]);
+        else if (strcmp(j.got[i], j.want[i]))
+            st = add_finding(c, FP4D_FINDING_FILE_HASH_MISMATCH, FP4D_SCAN_ERROR, NULL, f->rel, 1,
+                             "%s has sha256 %.16s..., but %s says %.16s...: the file is corrupt or was changed after "
+                             "it was downloaded; download it again", f->rel, j.got[i], j.source[i], j.want[i]);
+    }
+    if (st == FP4D_STATUS_OK) {
+        char note[200];
+        snprintf(note, sizeof note, "sha256 checked for %zu of %zu file(s)%s", checked, checked + without,
+                 without ? " (the others have no Hugging Face cache blob name or SHA256SUMS entry)" : "");
+        st = add_note(c, note);
+    }
+    free(tids);
+    free(j.source);
+    free(j.why);
+    free(j.got);
+    free(j.want);
+    free(sums);
+    return st;
+}
+
+bool fp4d_scan_hashes_available(void) { return scan_hashes_available(); }
+
 /* ---- tensor-parallel shards (--tp) ------------------------------------------------------ */
 
 /* Modules that engines split along K (row-parallel: their input is the sharded activation);
@@ -2459,6 +2616,7 @@ static fp4d_status scan_run(scan_ctx *c)
     size_t buf_bytes = 0;
     FP4D_FORWARD_IF_ERROR(plan_jobs(c, &buf_bytes));
     FP4D_FORWARD_IF_ERROR(run_jobs(c, buf_bytes));
+    FP4D_FORWARD_IF_ERROR(check_file_digests(c));
     FP4D_RETURN_ERROR_IF(atomic_load(&c->io_failed), IO, "read error while scanning '%s' (was a file changed or cut "
                                                          "during the scan?)", c->rep->path);
     FP4D_FORWARD_IF_ERROR(fingerprint(c));

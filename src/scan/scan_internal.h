@@ -79,4 +79,10 @@ int64_t scan_name_expert(const char *name);
  * Returns a malloc'd string the caller frees, or NULL when out of memory. */
 char *scan_name_module(const char *name);
 
+/* digest.c: SHA-256 of the first `size` bytes of fd (pread: the file position is untouched) as
+ * 64 lowercase hex digits in hex; false with the reason in why where it cannot be read or this
+ * build has no libcrypto (scan_hashes_available). */
+bool scan_hashes_available(void);
+bool scan_sha256_fd(int fd, uint64_t size, char hex[65], char *why, size_t why_len);
+
 #endif

@@ -978,12 +978,108 @@ static void test_tensor_parallel_shards(void **s)
     rm_tree(dir);
 }
 
+/* The sha256 of path as 64 hex digits, by coreutils' sha256sum (independent of the library). */
+static void sha256_of(const char *path, char hex[65])
+{
+    char cmd[1200];
+    snprintf(cmd, sizeof cmd, "sha256sum '%s'", path);
+    FILE *p = popen(cmd, "r");
+    assert_non_null(p);
+    assert_int_equal(fscanf(p, "%64s", hex), 1);
+    assert_int_equal(pclose(p), 0);
+}
+
+/* Scans dir with verify_hashes; returns the FILE_HASH_MISMATCH findings and checks the note. */
+static size_t hash_mismatches(const char *dir, bool verify, const char *note)
+{
+    fp4d_scan_options opt = {0};
+    opt.threads = 2;
+    opt.verify_hashes = verify;
+    fp4d_scan_report *r = NULL;
+    assert_int_equal(fp4d_scan_path(dir, &opt, &r), FP4D_STATUS_OK);
+    size_t n = 0;
+    for (size_t i = 0; i < fp4d_scan_report_count(r); i++) {
+        const fp4d_scan_finding *f = fp4d_scan_report_get(r, i);
+        if (f->code != FP4D_FINDING_FILE_HASH_MISMATCH) continue;
+        assert_int_equal(f->severity, FP4D_SCAN_ERROR);
+        assert_string_equal(f->file, "model-00001-of-00002.safetensors");
+        n++;
+    }
+    char *text = scan_report_text(r);
+    assert_non_null(text);
+    if (note && !strstr(text, note)) fail_msg("no note '%s' in:\n%s", note, text);
+    if (!verify && strstr(text, "sha256")) fail_msg("hashes checked without being asked:\n%s", text);
+    free(text);
+    print_findings(r);
+    fp4d_scan_report_free(r);
+    return n;
+}
+
+/* --verify-hashes: a Hugging Face cache snapshot (links to blobs named by their sha256) and a
+ * folder with SHA256SUMS. A byte changed in the data section is invisible to every other check
+ * and is a FILE_HASH_MISMATCH naming the file; files with no digest to check are counted. */
+static void test_verify_hashes(void **s)
+{
+    (void)s;
+    if (!fp4d_scan_hashes_available()) skip();
+    char *src = make_tmpdir(), *hf = make_tmpdir();
+    fp4d_ckpt_gen_params p;
+    fp4d_ckpt_gen_defaults(&p, FP4D_CKPT_MODELOPT_NVFP4);
+    p.layers = 1;
+    assert_int_equal(fp4d_ckpt_generate(src, &p), FP4D_STATUS_OK);
+    static const char *const shards[] = {"model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"};
+    char path[1024], blob[1024], snap[1024], link[2100], hex[2][65];
+    snprintf(path, sizeof path, "%s/blobs", hf);
+    assert_int_equal(mkdir(path, 0755), 0);
+    snprintf(snap, sizeof snap, "%s/snapshots", hf);
+    assert_int_equal(mkdir(snap, 0755), 0);
+    snprintf(snap, sizeof snap, "%s/snapshots/rev", hf);
+    assert_int_equal(mkdir(snap, 0755), 0);
+    for (int i = 0; i < 2; i++) {
+        snprintf(path, sizeof path, "%s/%s", src, shards[i]);
+        sha256_of(path, hex[i]);
+        snprintf(blob, sizeof blob, "%s/blobs/%s", hf, hex[i]);
+        copy_file(path, blob);
+        snprintf(link, sizeof link, "%s/%s", snap, shards[i]);
+        snprintf(blob, sizeof blob, "../../blobs/%s", hex[i]);
+        assert_int_equal(symlink(blob, link), 0);
+    }
+    assert_int_equal(hash_mismatches(snap, true, "sha256 checked for 2 of 2 file(s)"), 0);
+    assert_int_equal(hash_mismatches(src, true, "sha256 checked for 0 of 2 file(s) (the others have no"), 0);
+
+    /* one byte of the first blob's last tensor changed */
+    snprintf(blob, sizeof blob, "%s/blobs/%s", hf, hex[0]);
+    FILE *f = fopen(blob, "r+b");
+    assert_non_null(f);
+    assert_int_equal(fseek(f, -3, SEEK_END), 0);
+    const int c = fgetc(f);
+    assert_int_equal(fseek(f, -3, SEEK_END), 0);
+    assert_int_equal(fputc(c ^ 0x10, f), c ^ 0x10);
+    assert_int_equal(fclose(f), 0);
+    assert_int_equal(hash_mismatches(snap, false, NULL), 0);
+    assert_int_equal(hash_mismatches(snap, true, "sha256 checked for 2 of 2 file(s)"), 1);
+
+    /* SHA256SUMS: right for both, then wrong for the first */
+    snprintf(path, sizeof path, "%s/SHA256SUMS", src);
+    for (int wrong = 0; wrong < 2; wrong++) {
+        f = fopen(path, "w");
+        assert_non_null(f);
+        if (wrong) hex[0][0] = hex[0][0] == '0' ? '1' : '0';
+        fprintf(f, "%s  %s\n%s *./%s\n", hex[0], shards[0], hex[1], shards[1]);
+        assert_int_equal(fclose(f), 0);
+        assert_int_equal(hash_mismatches(src, true, "sha256 checked for 2 of 2 file(s)"), (size_t)wrong);
+    }
+    rm_tree(src);
+    rm_tree(hf);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_clean_modelopt),
         cmocka_unit_test(test_modelopt_config_names_the_other_format),
         cmocka_unit_test(test_tensor_parallel_shards),
+        cmocka_unit_test(test_verify_hashes),
         cmocka_unit_test(test_cli_replay_refuses_malformed_layers),
         cmocka_unit_test(test_clean_modelopt_moe),
         cmocka_unit_test(test_clean_ct_nvfp4),
