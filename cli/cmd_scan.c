@@ -24,10 +24,11 @@ static void scan_usage(FILE *f)
                "config's exclusions, and which quantizer wrote it.\n\n"
                "  --scales-only  read only block-scale and global-scale tensors (~11%% of the bytes)\n"
                "  --json FILE|-  write the JSON report (docs/json-schema.md) to FILE or stdout\n"
-               "  --tp N         judge each quantized linear's shard at tensor-parallel degree N (2..1024):\n"
+               "  --tp N         judge each quantized linear's shard at tensor-parallel degree N (1..1024, 1: none):\n"
                "                 a K or N that N ranks cannot split, a scale block split between ranks,\n"
                "                 an NVFP4 K per rank that is not a multiple of 32 (vLLM #48898)\n"
-               "  --verify-hashes  sha256 of every file against its Hugging Face cache blob name\n"
+               "  --verify-hashes\n"
+               "                 sha256 of every file against its Hugging Face cache blob name\n"
                "                 (snapshots/REV/NAME -> blobs/SHA256) or a SHA256SUMS file beside it\n"
                "  --threads N    reader threads (default: one per CPU)\n\n"
                "exit: 0 no error finding, 1 an error finding, 2 usage, 3 PATH unreadable, 4 internal error\n");
