@@ -433,12 +433,7 @@ static void test_quick_moe_catches_per_expert_tile_rows(void **state)
 {
     (void)state;
     fp4d_case *q;
-    size_t nq;
-    assert_int_equal(fp4d_suite_cases(FP4D_SUITE_QUICK, &q, &nq), FP4D_STATUS_OK);
-    const fp4d_case *moe = NULL;
-    for (size_t i = 0; i < nq && !moe; i++)
-        if (q[i].op == FP4D_CASE_GROUPED) moe = &q[i];
-    assert_non_null(moe);
+    const fp4d_case *moe = tj_quick_moe_case(&q);
     fp4d_case_data d;
     assert_int_equal(fp4d_case_data_make(moe, 1, &d), FP4D_STATUS_OK);
     int64_t most = 0;

@@ -16,7 +16,9 @@
 #include <cmocka.h>
 
 #include "internal.h"
+#include "fp4doctor/doctor.h"
 #include "test_backend_util.h"
+#include "test_judge_util.h"
 
 static const char *const faulty_names[] = {
     "faulty-zeros",  "faulty-m-window", "faulty-tile-rows",  "faulty-nan-tile", "faulty-linear-scales",
@@ -145,6 +147,40 @@ static void test_tile_rows(void **state)
         free(got), free(good);
         fcase_free(&c);
     }
+}
+
+/* faulty-tile-rows in grouped GEMMs (where FI PR #3533 was found): the quick suite's MoE case
+ * routes 85, 0, 151 and 64 rows to its four experts; the two experts above 64 rows lose rows
+ * 64..127 of their own tiles, which the doctor reports per expert. The other faulty backends
+ * still refuse grouped GEMMs, and a dormant instance (its fault pinned to another device)
+ * computes them correctly. */
+static void test_tile_rows_grouped(void **state)
+{
+    (void)state;
+    fp4d_case *q;
+    const fp4d_case *moe = tj_quick_moe_case(&q);
+    fp4d_backend_t b;
+    fp4d_reason why;
+    fp4d_case_result r;
+    assert_int_equal(fp4d_backend_open("faulty-tile-rows", -1, &b, &why), FP4D_STATUS_OK);
+    assert_int_equal(fp4d_doctor_run_case(b, moe, 1, &r), FP4D_STATUS_OK);
+    fp4d_backend_close(b);
+    if (r.verdict != FP4D_VERDICT_UNWRITTEN || r.cause != FP4D_CAUSE_TILE_ROWS_MISSING ||
+        !strstr(r.detail, "expert 0: 64..84 (of 85); expert 2: 64..127 (of 151)"))
+        fail_msg("%s: got %s/%s (%s)", moe->name, fp4d_verdict_name(r.verdict), fp4d_cause_name(r.cause), r.detail);
+
+    assert_int_equal(fp4d_backend_open("faulty-zeros", -1, &b, &why), FP4D_STATUS_OK);
+    assert_int_equal(fp4d_doctor_run_case(b, moe, 1, &r), FP4D_STATUS_OK);
+    fp4d_backend_close(b);
+    assert_int_equal(r.verdict, FP4D_VERDICT_UNSUPPORTED);
+
+    setenv("FP4DOCTOR_FAULTY_DEVICE", "1", 1);
+    assert_int_equal(fp4d_backend_open("faulty-tile-rows", 0, &b, &why), FP4D_STATUS_OK);
+    assert_int_equal(fp4d_doctor_run_case(b, moe, 1, &r), FP4D_STATUS_OK);
+    fp4d_backend_close(b);
+    unsetenv("FP4DOCTOR_FAULTY_DEVICE");
+    if (r.verdict != FP4D_VERDICT_PASS) fail_msg("dormant: got %s (%s)", fp4d_verdict_name(r.verdict), r.detail);
+    free(q);
 }
 
 static void test_nan_tile(void **state)
@@ -444,6 +480,7 @@ int main(void)
         cmocka_unit_test(test_zeros),
         cmocka_unit_test(test_m_window),
         cmocka_unit_test(test_tile_rows),
+        cmocka_unit_test(test_tile_rows_grouped),
         cmocka_unit_test(test_nan_tile),
         cmocka_unit_test(test_linear_scales),
         cmocka_unit_test(test_nibble_swap),

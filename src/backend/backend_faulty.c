@@ -53,6 +53,7 @@ enum {
 
 typedef struct faulty_ctx {
     faulty_kind   kind;
+    faulty_kind   origin; /* the backend's own kind, also when the instance is dormant */
     fp4d_cpu_isa  isa;
     int           threads;
     unsigned long calls; /* gemm calls on this instance (faulty-racy) */
@@ -74,6 +75,7 @@ static fp4d_status faulty_init(void *user_data, int device, void **ctx, fp4d_rea
         return FP4D_STATUS_NOMEM;
     }
     c->kind    = (faulty_kind)(intptr_t)user_data;
+    c->origin  = c->kind;
     if (pinned >= 0 && device >= 0 && pinned != device) c->kind = FAULTY_DORMANT;
     c->isa     = fp4d_cpu_isa_detect();
     c->threads = fp4d_cpu_default_threads();
@@ -85,9 +87,9 @@ static void faulty_free(void *ctx) { free(ctx); }
 
 static bool faulty_supports(void *ctx, const fp4d_gemm_desc *d, fp4d_reason *why)
 {
-    (void)ctx;
-    if (d->num_experts > 0) {
-        snprintf(why->text, sizeof why->text, "faulty backends reproduce plain-GEMM failures only");
+    const faulty_ctx *c = ctx;
+    if (d->num_experts > 0 && c->origin != FAULTY_TILE_ROWS) {
+        snprintf(why->text, sizeof why->text, "this faulty backend reproduces a plain-GEMM failure only");
         return false;
     }
     return fp4d_host_backend_supports(d, why);
@@ -251,6 +253,31 @@ static fp4d_status faulty_gemm(void *ctx, const fp4d_gemm_problem *p)
     return FP4D_STATUS_OK;
 }
 
+/* faulty-tile-rows in a grouped (MoE) GEMM, where FI PR #3533 was found: an expert routed more
+ * than 64 rows gets rows 64..127 of each of its 128-row tiles unwritten (the SM120 MoE kernels
+ * counted its M tiles wrong). Rows are numbered within each expert, as the kernel tiles them. */
+static fp4d_status faulty_grouped_gemm(void *ctx, const fp4d_grouped_gemm_problem *p)
+{
+    faulty_ctx *c = ctx;
+    if (c->kind != FAULTY_TILE_ROWS) return fp4d_cpu_run_grouped(p, c->isa, c->threads); /* dormant */
+    const int64_t rows = p->expert_offsets[p->num_experts], n = p->b[0].rows;
+    const size_t  row_bytes = (size_t)n * fp4d_out_elem_size(p->out_type);
+    void         *scratch   = malloc(rows > 0 ? (size_t)rows * row_bytes : 1);
+    FP4D_RETURN_ERROR_IF(!scratch, NOMEM, "%s: out of memory", "faulty-tile-rows");
+    fp4d_grouped_gemm_problem q = *p;
+    q.out = scratch;
+    fp4d_status st = fp4d_cpu_run_grouped(&q, c->isa, c->threads);
+    for (int32_t e = 0; st == FP4D_STATUS_OK && e < p->num_experts; e++) {
+        const int64_t first = p->expert_offsets[e], count = p->expert_offsets[e + 1] - first;
+        for (int64_t r = 0; r < count; r++)
+            if (count <= TILE_ROWS_LOST || r % TILE_ROWS < TILE_ROWS_LOST)
+                memcpy((uint8_t *)p->out + (size_t)(first + r) * row_bytes,
+                       (uint8_t *)scratch + (size_t)(first + r) * row_bytes, row_bytes);
+    }
+    free(scratch);
+    return st;
+}
+
 /* ---- the table ----------------------------------------------------------------------------- */
 
 #define FAULTY_IFACE(kind_, name_, desc_)                                                          \
@@ -262,13 +289,24 @@ static fp4d_status faulty_gemm(void *ctx, const fp4d_gemm_problem *p)
         .grouped_gemm = NULL, .quantize = NULL, .score = NULL, .bench = NULL,                      \
     }
 
+/* ... and the one that reproduces its failure in grouped GEMMs too. */
+#define FAULTY_IFACE_GROUPED(kind_, name_, desc_)                                                  \
+    {                                                                                              \
+        .api_version = FP4D_BACKEND_API_VERSION, .struct_size = sizeof(fp4d_backend_iface),        \
+        .name = name_, .description = desc_, .kind = FP4D_BACKEND_KIND_FAULTY,                     \
+        .caps = FP4D_CAP_GEMM | FP4D_CAP_GROUPED_GEMM, .user_data = (void *)(intptr_t)(kind_),     \
+        .init = faulty_init, .free = faulty_free, .supports = faulty_supports, .gemm = faulty_gemm, \
+        .grouped_gemm = faulty_grouped_gemm, .quantize = NULL, .score = NULL, .bench = NULL,       \
+    }
+
 static const fp4d_backend_iface faulty_ifaces[FAULTY_COUNT] = {
     FAULTY_IFACE(FAULTY_ZEROS, "faulty-zeros",
                  "writes all zeros (FI #2577 cutlass on SM120, FI #2952)"),
     FAULTY_IFACE(FAULTY_M_WINDOW, "faulty-m-window",
                  "correct, except all zeros when 32 <= M <= 1536 (FI #3398 tile selection)"),
-    FAULTY_IFACE(FAULTY_TILE_ROWS, "faulty-tile-rows",
-                 "leaves rows 64..127 of every 128-row tile unwritten when M > 64 (FI PR #3533)"),
+    FAULTY_IFACE_GROUPED(FAULTY_TILE_ROWS, "faulty-tile-rows",
+                         "leaves rows 64..127 of every 128-row tile unwritten when M > 64, per expert in "
+                         "grouped MoE GEMMs (FI PR #3533)"),
     FAULTY_IFACE(FAULTY_NAN_TILE, "faulty-nan-tile",
                  "writes NaN over one 128x128 output tile when M >= 128 (FI #2708 missing PDL sync)"),
     FAULTY_IFACE(FAULTY_LINEAR_SCALES, "faulty-linear-scales",
