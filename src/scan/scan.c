@@ -1494,6 +1494,16 @@ static fp4d_status check_quantized_but_excluded(scan_ctx *c)
     return FP4D_STATUS_OK;
 }
 
+/* Threads for `items` pieces of work: --threads, else one per online CPU; at most 256 and at
+ * most one per piece, at least one. */
+static int scan_threads(const scan_ctx *c, size_t items)
+{
+    long n = c->opt.threads > 0 ? c->opt.threads : sysconf(_SC_NPROCESSORS_ONLN);
+    if (n > 256) n = 256;
+    if ((size_t)n > items) n = (long)items;
+    return n < 1 ? 1 : (int)n;
+}
+
 /* ---- file digests (--verify-hashes) ------------------------------------------------------ */
 
 static bool is_sha256_hex(const char *s)
@@ -1547,7 +1557,8 @@ static const char *expected_digest(const scan_file *f, const char *sums, bool si
     }
     /* a single file is listed in the SHA256SUMS beside it by its name alone */
     const char *listed = f->rel;
-    if (single_file && strrchr(f->rel, '/')) listed = strrchr(f->rel, '/') + 1;
+    const char *rel_slash = strrchr(f->rel, '/');
+    if (single_file && rel_slash) listed = rel_slash + 1;
     if (sums && sums_digest(sums, listed, hex)) return "SHA256SUMS";
     return NULL;
 }
@@ -1606,9 +1617,7 @@ static fp4d_status check_file_digests(scan_ctx *c)
     atomic_init(&j.next, 0);
     fp4d_status st = FP4D_STATUS_OK;
     if (!j.want || !j.got || !j.why || !j.source) st = fp4d_set_error(FP4D_STATUS_NOMEM, "out of memory");
-    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-    size_t nthreads = c->opt.threads > 0 ? (size_t)c->opt.threads : cpus > 0 ? (size_t)cpus : 1;
-    if (nthreads > c->num_files) nthreads = c->num_files;
+    const size_t nthreads = (size_t)scan_threads(c, c->num_files);
     pthread_t *tids = st == FP4D_STATUS_OK ? calloc(nthreads, sizeof *tids) : NULL;
     size_t started = 0;
     if (st == FP4D_STATUS_OK && !tids) st = fp4d_set_error(FP4D_STATUS_NOMEM, "out of memory");
@@ -2301,10 +2310,7 @@ static void *scan_worker(void *arg)
 static fp4d_status run_jobs(scan_ctx *c, size_t buf_bytes)
 {
     if (!c->num_jobs) return FP4D_STATUS_OK;
-    int nthreads = c->opt.threads > 0 ? c->opt.threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
-    if (nthreads < 1) nthreads = 1;
-    if (nthreads > 256) nthreads = 256;
-    if ((size_t)nthreads > c->num_jobs) nthreads = (int)c->num_jobs;
+    const int nthreads = scan_threads(c, c->num_jobs);
     pthread_t *th = calloc((size_t)nthreads, sizeof *th);
     if (!th) return fp4d_set_error(FP4D_STATUS_NOMEM, "out of memory");
     worker_arg wa = {c, buf_bytes};
