@@ -70,6 +70,7 @@ static void test_quick_suite_classifies_every_faulty_backend(void **state)
         {"faulty-ue8m0", "WRONG", NULL, "scale_decoded_as_ue8m0", NULL},
         {"faulty-bf16-accum", "INACCURATE", "WRONG", "low_precision_accumulation", NULL},
         {"faulty-racy", "NONDETERMINISTIC", NULL, "*", NULL},
+        {"faulty-concurrent", "NAN", NULL, "concurrency", NULL},
         {"faulty-oob", "OOB_WRITE", NULL, "*", NULL},
         {"faulty-segv", "CRASH", NULL, "*", NULL},
         {"faulty-hang", "TIMEOUT", NULL, "*", NULL},

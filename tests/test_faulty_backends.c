@@ -23,7 +23,7 @@
 static const char *const faulty_names[] = {
     "faulty-zeros",  "faulty-m-window", "faulty-tile-rows",  "faulty-nan-tile", "faulty-linear-scales",
     "faulty-nibble-swap", "faulty-global-inverted", "faulty-ue8m0", "faulty-bf16-accum", "faulty-racy",
-    "faulty-oob", "faulty-segv", "faulty-hang",
+    "faulty-concurrent", "faulty-oob", "faulty-segv", "faulty-hang",
 };
 
 static int setup(void **state)
@@ -84,7 +84,7 @@ static void *run_on(const char *name, const fp4d_gemm_problem *p0, size_t esz)
 
 static bool all_equal_bytes(const void *x, const void *y, size_t bytes) { return memcmp(x, y, bytes) == 0; }
 
-static void test_all_thirteen_registered(void **state)
+static void test_all_fourteen_registered(void **state)
 {
     (void)state;
     for (size_t i = 0; i < FP4D_ARRAY_LEN(faulty_names); i++) {
@@ -96,7 +96,7 @@ static void test_all_thirteen_registered(void **state)
     size_t faulty = 0;
     for (size_t i = 0; i < fp4d_registry_count(); i++)
         faulty += fp4d_registry_get(i)->kind == FP4D_BACKEND_KIND_FAULTY;
-    assert_int_equal(faulty, 13);
+    assert_int_equal(faulty, 14);
 }
 
 static void test_zeros(void **state)
@@ -476,7 +476,7 @@ int main(void)
     unsetenv("FP4DOCTOR_BACKEND");
     unsetenv("FP4DOCTOR_FAULTY_DEVICE");
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_all_thirteen_registered),
+        cmocka_unit_test(test_all_fourteen_registered),
         cmocka_unit_test(test_zeros),
         cmocka_unit_test(test_m_window),
         cmocka_unit_test(test_tile_rows),

@@ -153,6 +153,9 @@ typedef struct fp4d_backend *fp4d_backend_t;
 fp4d_status fp4d_backend_open(const char *name, int device, fp4d_backend_t *out, fp4d_reason *why);
 void        fp4d_backend_close(fp4d_backend_t b); /* NULL is a no-op */
 const fp4d_backend_iface *fp4d_backend_iface_of(fp4d_backend_t b);
+/* The device b was opened on (-1: host/default; NULL: -1), so that a caller can open more
+ * instances of the same backend on the same device. */
+int                       fp4d_backend_device(fp4d_backend_t b);
 
 bool        fp4d_backend_supports(fp4d_backend_t b, const fp4d_gemm_desc *desc, fp4d_reason *why);
 /* Validate, check supports(), then run. UNSUPPORTED with why filled when it cannot. When

@@ -68,6 +68,7 @@ typedef enum fp4d_cause {
     FP4D_CAUSE_M_DEPENDENT,              /* fails for some M, passes for others */
     FP4D_CAUSE_LOW_PRECISION_ACCUMULATION, /* error pattern of bf16/fp16 accumulation */
     FP4D_CAUSE_UNKNOWN,                  /* failed, and no known mistake explains it */
+    FP4D_CAUSE_CONCURRENCY,              /* right alone, wrong while other instances run at once */
     FP4D_CAUSE_COUNT
 } fp4d_cause;
 
@@ -91,7 +92,8 @@ bool        fp4d_suite_from_name(const char *name, fp4d_suite *out);
 typedef enum fp4d_case_op {
     FP4D_CASE_GEMM     = 0,
     FP4D_CASE_GROUPED  = 1, /* grouped MoE GEMM */
-    FP4D_CASE_QUANTIZE = 2  /* quantize, judged bit-exactly against the convention */
+    FP4D_CASE_QUANTIZE = 2, /* quantize, judged bit-exactly against the convention */
+    FP4D_CASE_STRESS   = 3  /* a batch of GEMMs of mixed M on several instances at once */
 } fp4d_case_op;
 
 /* How a case's inputs are made (docs/tolerance.md says why each one is there). */
@@ -116,12 +118,14 @@ typedef struct fp4d_case {
     char              name[FP4D_CASE_NAME_MAX]; /* unique in the suite, e.g. "nvfp4.sw.grid.m48.n256.k256" */
     char              group[32];                /* terminal-matrix column, e.g. "nvfp4", "moe" */
     fp4d_case_op      op;
-    int64_t           m, n, k;                  /* grouped: m = total rows; quantize: rows, cols = k */
+    int64_t           m, n, k;                  /* grouped: m = total rows; quantize: rows, cols = k;
+                                                   stress: rows of one round of one instance */
     fp4d_dtype        a_type, b_type, out_type; /* quantize: a_type = source, b_type = format */
     fp4d_scale_layout a_layout, b_layout;
     fp4d_input_kind   input;
     int32_t           num_experts;              /* grouped only */
     fp4d_convention   convention;               /* quantize only */
+    int32_t           threads, rounds;          /* stress only: instances at once, rounds each */
 } fp4d_case;
 
 /* The cases of a suite, in a fixed order. *cases is malloc'd: free() it. */

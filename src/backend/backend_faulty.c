@@ -7,9 +7,11 @@
  * All of them run the CPU engine (correct and fast) with one twist: how an operand is read
  * (scale layout, nibble order, scale decoding), what alpha is, how the sum is accumulated,
  * or what happens to the output afterwards. Every fault is deterministic, except that
- * faulty-racy alternates between a correct and a perturbed result on repeated calls.
+ * faulty-racy alternates between a correct and a perturbed result on repeated calls, and
+ * faulty-concurrent is wrong exactly when its calls overlap another's.
  */
 #include <math.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -33,6 +35,7 @@ typedef enum faulty_kind {
     FAULTY_UE8M0,
     FAULTY_BF16_ACCUM,
     FAULTY_RACY,
+    FAULTY_CONCURRENT,
     FAULTY_OOB,
     FAULTY_SEGV,
     FAULTY_HANG,
@@ -113,6 +116,14 @@ static void scales_as_ue8m0(fp4d_cpu_operand *op)
         op->scale_half_lut[b] = op->scale_lut[b] * 0.5f;
     }
 }
+
+/* faulty-concurrent: calls in this process now, and calls ever begun. A call that sees
+ * another in flight when it starts, or a later one begun before it ends, overlapped: its
+ * instances share one workspace (as kernels share stale global memory when the next one
+ * starts before the last wrote it, FI #2708), and it gets NaN in its last 128-row output
+ * tile. Alone it is right. */
+static atomic_int   concurrent_in_flight;
+static atomic_ulong concurrent_begun;
 
 /* faulty-racy: a few elements move by a relative 1e-2, as a missing synchronisation
  * would let a neighbouring tile's partial sums leak in. */
@@ -219,7 +230,17 @@ static fp4d_status faulty_gemm(void *ctx, const fp4d_gemm_problem *p)
         FP4D_RETURN_ERROR_IF(!scratch, NOMEM, "%s: out of memory", "faulty-tile-rows");
         g.out = scratch;
     }
+    bool overlapped = false;
+    unsigned long begun = 0;
+    if (c->kind == FAULTY_CONCURRENT) {
+        begun = atomic_fetch_add(&concurrent_begun, 1) + 1;
+        overlapped = atomic_fetch_add(&concurrent_in_flight, 1) > 0;
+    }
     fp4d_status st = fp4d_cpu_gemm_run(&g, c->isa, c->threads);
+    if (c->kind == FAULTY_CONCURRENT) {
+        overlapped = overlapped || atomic_load(&concurrent_begun) != begun;
+        atomic_fetch_sub(&concurrent_in_flight, 1);
+    }
     if (st != FP4D_STATUS_OK) {
         free(scratch);
         return st;
@@ -242,6 +263,11 @@ static fp4d_status faulty_gemm(void *ctx, const fp4d_gemm_problem *p)
         break;
     case FAULTY_RACY:
         if (c->calls % 2 == 0) perturb_a_few(p->out_type, p->out, m * n);
+        break;
+    case FAULTY_CONCURRENT:
+        if (overlapped && m > 0)
+            for (int64_t r = (m - 1) / NAN_TILE * NAN_TILE; r < m; r++)
+                for (int64_t col = 0; col < n; col++) fp4d_out_elem_set(p->out_type, p->out, r * n + col, NAN);
         break;
     case FAULTY_OOB:
         /* An epilogue loop running to <= the end: the last value lands once more, one
@@ -321,6 +347,9 @@ static const fp4d_backend_iface faulty_ifaces[FAULTY_COUNT] = {
                  "accumulates the dot products in bf16 instead of f32"),
     FAULTY_IFACE(FAULTY_RACY, "faulty-racy",
                  "every second call on an instance perturbs a few elements by 1e-2 (race, FI #2708 / SGLang #20047)"),
+    FAULTY_IFACE(FAULTY_CONCURRENT, "faulty-concurrent",
+                 "right alone; while another instance's call runs, NaN in the last 128-row output tile "
+                 "(FI #2708 / SGLang #20047: only under concurrency)"),
     FAULTY_IFACE(FAULTY_OOB, "faulty-oob",
                  "writes one element past the end of the output (vLLM #55456 scale writes past the allocation)"),
     FAULTY_IFACE(FAULTY_SEGV, "faulty-segv",

@@ -638,6 +638,8 @@ void fp4d_backend_close(fp4d_backend_t b)
 
 const fp4d_backend_iface *fp4d_backend_iface_of(fp4d_backend_t b) { return b ? b->iface : NULL; }
 
+int fp4d_backend_device(fp4d_backend_t b) { return b ? b->device : -1; }
+
 bool fp4d_backend_supports(fp4d_backend_t b, const fp4d_gemm_desc *desc, fp4d_reason *why)
 {
     if (!b || !desc) {

@@ -69,6 +69,10 @@ static const char *const advice[FP4D_CAUSE_COUNT] = {
     [FP4D_CAUSE_LOW_PRECISION_ACCUMULATION] =
         "the error matches accumulation in bf16/fp16: accumulate in f32",
     [FP4D_CAUSE_UNKNOWN] = "no known mistake reproduces this output",
+    [FP4D_CAUSE_CONCURRENCY] =
+        "right when called alone, wrong while other instances run: a race or a missing wait "
+        "between kernels (FI #2708: PDL without griddepcontrol.wait), or state the instances "
+        "share (a workspace, a cache); do not run this backend from several streams or threads",
 };
 
 const char *fp4d_cause_advice(fp4d_cause c)

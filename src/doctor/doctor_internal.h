@@ -108,6 +108,30 @@ fp4d_cause fp4d_match_unwritten(const int64_t *poison_per_row, int64_t m, int64_
 void fp4d_describe_rows(const uint8_t *flag, int64_t m, const int64_t *offsets, int32_t num_experts, char *out,
                         size_t size);
 
+/* The NaN poison an output is filled with before a call (judge.c): a payload no arithmetic
+ * produces, so that an element still holding it was never written. */
+void fp4d_poison_fill(fp4d_dtype out_type, uint8_t *out, int64_t count);
+bool fp4d_is_poison(fp4d_dtype out_type, const uint8_t *out, int64_t i);
+/* An output buffer of `bytes` framed on both sides by fp4d_guard_size(bytes) bytes of
+ * sentinel; the buffer starts at raw + fp4d_guard_size(bytes). fp4d_guard_check returns how
+ * many sentinel bytes changed (*before of them before the buffer; *first_after the offset
+ * of the first changed one after it, or -1). */
+size_t   fp4d_guard_size(size_t bytes);
+uint8_t *fp4d_guarded_alloc(size_t bytes);
+int64_t  fp4d_guard_check(const uint8_t *raw, size_t bytes, int64_t *first_after, int64_t *before);
+
+/* A stress case (FP4D_CASE_STRESS) on an opened backend (stress.c). */
+fp4d_status fp4d_run_stress_case(fp4d_backend_t b, const fp4d_case *c, uint64_t seed, fp4d_case_result *r);
+/* The M of the GEMMs a stress case runs on each instance in each round, and how many. */
+extern const int64_t fp4d_stress_m[];
+extern const size_t  fp4d_stress_m_count;
+
+/* Cases with one M that the M analyses, plots and speed comparisons may use. */
+static inline bool fp4d_case_has_m(const fp4d_case *c)
+{
+    return c->op == FP4D_CASE_GEMM || c->op == FP4D_CASE_GROUPED;
+}
+
 /* One-line advice for a cause. */
 const char *fp4d_cause_advice(fp4d_cause c);
 

@@ -13,7 +13,8 @@ static const char *dtype_name(fp4d_dtype t)
 
 static const char *op_name(fp4d_case_op op)
 {
-    return op == FP4D_CASE_GROUPED ? "grouped_gemm" : op == FP4D_CASE_QUANTIZE ? "quantize" : "gemm";
+    return op == FP4D_CASE_GROUPED ? "grouped_gemm" : op == FP4D_CASE_QUANTIZE ? "quantize"
+           : op == FP4D_CASE_STRESS ? "stress" : "gemm";
 }
 
 /* JSON has no Inf/NaN: such numbers are written as null. */
@@ -80,6 +81,10 @@ json_t *fp4d_case_to_json(const fp4d_case *c)
         json_object_set_new(j, "out_type", json_string(dtype_name(c->out_type)));
         json_object_set_new(j, "scale_layout", json_string(fp4d_scale_layout_name(c->b_layout)));
         json_object_set_new(j, "num_experts", json_integer(c->num_experts));
+    }
+    if (c->op == FP4D_CASE_STRESS) {
+        json_object_set_new(j, "threads", json_integer(c->threads));
+        json_object_set_new(j, "rounds", json_integer(c->rounds));
     }
     json_object_set_new(j, "input", json_string(fp4d_input_kind_name(c->input)));
     return j;

@@ -56,13 +56,13 @@ void fp4d_doctor_call_hook_fire(void)
 static uint8_t guard_byte(size_t i) { return (uint8_t)(0xA5u ^ (i * 29u)); }
 
 /* Bytes of sentinel on each side of a buffer of `bytes`. */
-static size_t guard_for(size_t bytes) { return GUARD_BYTES + (bytes < GUARD_EXTRA_MAX ? bytes : GUARD_EXTRA_MAX); }
+size_t fp4d_guard_size(size_t bytes) { return GUARD_BYTES + (bytes < GUARD_EXTRA_MAX ? bytes : GUARD_EXTRA_MAX); }
 
-/* A buffer of `bytes` framed by guard_for(bytes) of sentinel on both sides; the buffer
- * itself starts at raw + guard_for(bytes). */
-static uint8_t *guarded_alloc(size_t bytes)
+/* A buffer of `bytes` framed by fp4d_guard_size(bytes) of sentinel on both sides; the buffer
+ * itself starts at raw + fp4d_guard_size(bytes). */
+uint8_t *fp4d_guarded_alloc(size_t bytes)
 {
-    size_t g = guard_for(bytes);
+    size_t g = fp4d_guard_size(bytes);
     uint8_t *raw = malloc(bytes + 2 * g);
     if (!raw) return NULL;
     for (size_t i = 0; i < g; i++) {
@@ -74,10 +74,10 @@ static uint8_t *guarded_alloc(size_t bytes)
 
 /* Returns the number of changed sentinel bytes; *first_after is the offset past the end of
  * the first changed byte after the buffer (or -1), *before the count before it. */
-static int64_t guard_check(const uint8_t *raw, size_t bytes, int64_t *first_after, int64_t *before)
+int64_t fp4d_guard_check(const uint8_t *raw, size_t bytes, int64_t *first_after, int64_t *before)
 {
     int64_t changed = 0;
-    size_t g = guard_for(bytes);
+    size_t g = fp4d_guard_size(bytes);
     *first_after = -1;
     *before = 0;
     for (size_t i = 0; i < g; i++) {
@@ -90,7 +90,7 @@ static int64_t guard_check(const uint8_t *raw, size_t bytes, int64_t *first_afte
     return changed;
 }
 
-static void poison_fill(fp4d_dtype out_type, uint8_t *out, int64_t count)
+void fp4d_poison_fill(fp4d_dtype out_type, uint8_t *out, int64_t count)
 {
     if (out_type == FP4D_DTYPE_F32) {
         for (int64_t i = 0; i < count; i++) memcpy(out + 4 * i, &POISON_F32, 4);
@@ -99,7 +99,7 @@ static void poison_fill(fp4d_dtype out_type, uint8_t *out, int64_t count)
     }
 }
 
-static bool is_poison(fp4d_dtype out_type, const uint8_t *out, int64_t i)
+bool fp4d_is_poison(fp4d_dtype out_type, const uint8_t *out, int64_t i)
 {
     if (out_type == FP4D_DTYPE_F32) {
         uint32_t v;
@@ -147,7 +147,7 @@ static void scan_output(const fp4d_case *c, const uint8_t *out, out_scan *s)
     for (int64_t m = 0; m < M; m++) {
         for (int64_t n = 0; n < N; n++) {
             int64_t i = m * N + n;
-            if (is_poison(c->out_type, out, i)) {
+            if (fp4d_is_poison(c->out_type, out, i)) {
                 s->poison++;
                 s->poison_per_row[m]++;
                 continue;
@@ -672,7 +672,7 @@ static fp4d_status run_gemm_case(fp4d_backend_t b, const fp4d_case *c, const fp4
         return FP4D_STATUS_OK;
     }
     bool rerun = want_rerun(b, c);
-    uint8_t *raw[2] = {guarded_alloc(bytes), rerun ? guarded_alloc(bytes) : NULL};
+    uint8_t *raw[2] = {fp4d_guarded_alloc(bytes), rerun ? fp4d_guarded_alloc(bytes) : NULL};
     int64_t *ppr = calloc((size_t)(c->m ? c->m : 1), sizeof *ppr);
     int64_t *nzr = calloc((size_t)(c->m ? c->m : 1), sizeof *nzr);
     uint8_t *rowf = calloc((size_t)(c->m ? c->m : 1), 1);
@@ -685,13 +685,13 @@ static fp4d_status run_gemm_case(fp4d_backend_t b, const fp4d_case *c, const fp4
         goto done;
     }
     int runs = rerun ? 2 : 1;
-    const size_t guard = guard_for(bytes); /* the output starts at raw[run] + guard */
+    const size_t guard = fp4d_guard_size(bytes); /* the output starts at raw[run] + guard */
     input_hashes inputs_before, inputs_after;
     hash_inputs(d, &inputs_before);
     fp4d_doctor_call_hook_fire(); /* "call": the time limit for the backend starts */
     for (int run = 0; run < runs; run++) {
         uint8_t *out = raw[run] + guard;
-        poison_fill(c->out_type, out, total);
+        fp4d_poison_fill(c->out_type, out, total);
         fp4d_status call;
         fp4d_clear_error();
         double t0 = fp4d_now_s();
@@ -730,7 +730,7 @@ static fp4d_status run_gemm_case(fp4d_backend_t b, const fp4d_case *c, const fp4
 
     for (int run = 0; run < runs; run++) {
         int64_t after, before;
-        int64_t changed = guard_check(raw[run], bytes, &after, &before);
+        int64_t changed = fp4d_guard_check(raw[run], bytes, &after, &before);
         if (changed > 0) {
             result_set(r, FP4D_VERDICT_OOB_WRITE, FP4D_CAUSE_NONE,
                        "wrote %lld sentinel bytes outside the %lldx%lld output (%lld before it%s%lld)",
@@ -804,11 +804,11 @@ static fp4d_status run_quantize_case(fp4d_backend_t b, const fp4d_case *c, const
     int64_t rows = c->m, cols = c->k, sc = cols / t->block_size;
     size_t code_bytes = (size_t)(rows * cols / 2);
     size_t scale_bytes = fp4d_scale_buffer_size(c->a_layout, rows, sc);
-    const size_t cg = guard_for(code_bytes), sg = guard_for(scale_bytes); /* sentinel sizes */
+    const size_t cg = fp4d_guard_size(code_bytes), sg = fp4d_guard_size(scale_bytes); /* sentinel sizes */
     fp4d_quantize_params qp = {c->b_type, c->convention, c->a_layout, d->static_encode_scale};
     uint8_t *ref_codes = malloc(code_bytes + 1), *ref_scales = malloc(scale_bytes + 1);
-    uint8_t *raw_codes[2] = {guarded_alloc(code_bytes), guarded_alloc(code_bytes)};
-    uint8_t *raw_scales[2] = {guarded_alloc(scale_bytes), guarded_alloc(scale_bytes)};
+    uint8_t *raw_codes[2] = {fp4d_guarded_alloc(code_bytes), fp4d_guarded_alloc(code_bytes)};
+    uint8_t *raw_scales[2] = {fp4d_guarded_alloc(scale_bytes), fp4d_guarded_alloc(scale_bytes)};
     fp4d_status st = FP4D_STATUS_OK;
     fp4d_quantize_result ref_res = {0}, got_res[2];
     if (!ref_codes || !ref_scales || !raw_codes[0] || !raw_codes[1] || !raw_scales[0] || !raw_scales[1]) {
@@ -849,8 +849,8 @@ static fp4d_status run_quantize_case(fp4d_backend_t b, const fp4d_case *c, const
     fp4d_doctor_call_hook_fire();
     for (int run = 0; run < 2; run++) {
         int64_t after, before;
-        int64_t changed = guard_check(raw_codes[run], code_bytes, &after, &before) +
-                          guard_check(raw_scales[run], scale_bytes, &after, &before);
+        int64_t changed = fp4d_guard_check(raw_codes[run], code_bytes, &after, &before) +
+                          fp4d_guard_check(raw_scales[run], scale_bytes, &after, &before);
         if (changed) {
             result_set(r, FP4D_VERDICT_OOB_WRITE, FP4D_CAUSE_NONE,
                        "quantize wrote %lld bytes outside its code/scale buffers", (long long)changed);
@@ -926,6 +926,7 @@ fp4d_status fp4d_doctor_run_case(fp4d_backend_t backend, const fp4d_case *c, uin
     memset(r, 0, sizeof *r);
     r->ran = true;
     r->verdict = FP4D_VERDICT_PASS;
+    if (c->op == FP4D_CASE_STRESS) return fp4d_run_stress_case(backend, c, seed, r);
     fp4d_case_data d;
     fp4d_status st = fp4d_case_data_make(c, seed, &d);
     if (st == FP4D_STATUS_NOMEM) return st;

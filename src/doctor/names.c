@@ -33,6 +33,7 @@ static const char *const cause_names[FP4D_CAUSE_COUNT] = {
     [FP4D_CAUSE_M_DEPENDENT] = "m_dependent",
     [FP4D_CAUSE_LOW_PRECISION_ACCUMULATION] = "low_precision_accumulation",
     [FP4D_CAUSE_UNKNOWN] = "unknown",
+    [FP4D_CAUSE_CONCURRENCY] = "concurrency",
 };
 
 static const char *const suite_names[FP4D_SUITE_COUNT] = {"quick", "default", "full"};

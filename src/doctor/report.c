@@ -325,7 +325,7 @@ static void html_heatmap(const fp4d_report *rep, FILE *f)
     int64_t ms[256];
     size_t nm = 0;
     for (size_t i = 0; i < rep->num_cases; i++) {
-        if (rep->cases[i].op == FP4D_CASE_QUANTIZE) continue;
+        if (!fp4d_case_has_m(&rep->cases[i])) continue;
         bool seen = false;
         for (size_t t = 0; t < nm && !seen; t++) seen = ms[t] == rep->cases[i].m;
         if (!seen && nm < 256) ms[nm++] = rep->cases[i].m;
@@ -352,7 +352,7 @@ static void html_heatmap(const fp4d_report *rep, FILE *f)
              * not run, which is not the backend declining them */
             fp4d_verdict w = FP4D_VERDICT_COUNT;
             for (size_t i = 0; i < rep->num_cases; i++)
-                if (rep->cases[i].op != FP4D_CASE_QUANTIZE && rep->cases[i].m == ms[t] && !not_selected(&br->results[i]))
+                if (fp4d_case_has_m(&rep->cases[i]) && rep->cases[i].m == ms[t] && !not_selected(&br->results[i]))
                     w = w == FP4D_VERDICT_COUNT ? br->results[i].verdict : fp4d_verdict_worst(w, br->results[i].verdict);
             if (w == FP4D_VERDICT_COUNT) continue;
             fprintf(f, "<rect x=\"%d\" y=\"%d\" width=\"%d\" height=\"%d\" fill=\"%s\" stroke=\"#fff\"><title>",
@@ -372,7 +372,7 @@ static void html_error_plot(const fp4d_report *rep, FILE *f)
     const int left = 60, top = 30, w = 640, h = 300;
     double kmin = 1e300, kmax = 0;
     for (size_t i = 0; i < rep->num_cases; i++)
-        if (rep->cases[i].op != FP4D_CASE_QUANTIZE) {
+        if (fp4d_case_has_m(&rep->cases[i])) {
             double k = (double)rep->cases[i].k;
             if (k < kmin) kmin = k;
             if (k > kmax) kmax = k;
@@ -407,7 +407,7 @@ static void html_error_plot(const fp4d_report *rep, FILE *f)
         backend_label(br, label, sizeof label);
         for (size_t i = 0; i < rep->num_cases; i++) {
             const fp4d_case_result *r = &br->results[i];
-            if (rep->cases[i].op == FP4D_CASE_QUANTIZE || r->elements_checked == 0) continue;
+            if (!fp4d_case_has_m(&rep->cases[i]) || r->elements_checked == 0) continue;
             double ratio = r->max_err_ratio > 1e-4 ? r->max_err_ratio : 1e-4;
             double ly = log10(ratio);
             if (ly > y1) ly = y1;

@@ -153,6 +153,8 @@ static fp4d_status spawn(job *j)
 static double judge_timeout(const fp4d_case *c)
 {
     double work = (double)c->m * (double)(c->n ? c->n : 16) * (double)c->k;
+    /* stress: every output alone, and up to 16 made beside the others, judged exactly */
+    if (c->op == FP4D_CASE_STRESS) work *= 3.0;
     double nk = (double)(c->n ? c->n : 16) * (double)c->k * (c->num_experts ? c->num_experts : 1);
     return (60.0 + work / 2e8 + nk / 2e7) * fp4d_timeout_scale();
 }
@@ -492,12 +494,12 @@ static void analyse_m_dependence(fp4d_report *rep, fp4d_backend_report *br, char
     mdesc[0] = '\0';
     size_t best_members = 0;
     for (size_t i = 0; i < nc; i++) {
-        if (seen[i] || rep->cases[i].op == FP4D_CASE_QUANTIZE) continue;
+        if (seen[i] || !fp4d_case_has_m(&rep->cases[i])) continue;
         char key[160], k2[160];
         fp4d_case_shape_key(&rep->cases[i], key, sizeof key);
         size_t nm = 0, nf = 0, np = 0;
         for (size_t j = i; j < nc; j++) {
-            if (seen[j] || rep->cases[j].op == FP4D_CASE_QUANTIZE) continue;
+            if (seen[j] || !fp4d_case_has_m(&rep->cases[j])) continue;
             fp4d_case_shape_key(&rep->cases[j], k2, sizeof k2);
             if (strcmp(key, k2)) continue;
             seen[j] = true;
@@ -550,7 +552,7 @@ static void summarise_backend(fp4d_report *rep, fp4d_backend_report *br)
             cause_count[br->results[i].cause]++;
             if (first == (size_t)-1) first = i;
         }
-        if (v == FP4D_VERDICT_PASS && rep->cases[i].op != FP4D_CASE_QUANTIZE && br->results[i].gflops > br->best_gflops)
+        if (v == FP4D_VERDICT_PASS && fp4d_case_has_m(&rep->cases[i]) && br->results[i].gflops > br->best_gflops)
             br->best_gflops = br->results[i].gflops;
     }
     br->verdict = worst;
@@ -690,7 +692,7 @@ static void recommend(fp4d_report *rep)
     double best_work = -1;
     for (size_t i = 0; i < rep->num_cases; i++) {
         const fp4d_case *c = &rep->cases[i];
-        if (c->op == FP4D_CASE_QUANTIZE) continue;
+        if (!fp4d_case_has_m(c)) continue;
         bool all = true;
         for (size_t t = 0; t < nc && all; t++) all = rep->backends[cand[t]].results[i].verdict == FP4D_VERDICT_PASS;
         double work = (double)c->m * (double)c->n * (double)c->k;

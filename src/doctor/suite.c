@@ -6,7 +6,7 @@
  *           (M 1..257: in and out of the 32..1536 window, below and above 64 and 128 rows),
  *           N = 256 with M > 1, K = 4096, linear and swizzled scales, all three format pairs,
  *           the edge-case inputs, a grouped MoE GEMM with an empty expert and experts of
- *           64, 85 and 151 rows, quantize cases.
+ *           64, 85 and 151 rows, quantize cases, and a stress case (four instances at once).
  * default - quick plus the full M sweep 1..4096 on a narrow shape, the real LLM projections
  *           (4096x4096, 14336x4096, 4096x14336, 7168x18432) at small M, more MoE and quantize.
  * full    - default plus larger M on the LLM shapes and the sweep under every format pair.
@@ -108,6 +108,27 @@ static void add_quant(case_list *l, fp4d_dtype fmt, fp4d_convention conv, fp4d_s
              (long long)rows, (long long)cols);
 }
 
+/* A stress case: the batch of fp4d_stress_m on `threads` instances at once, `rounds` times
+ * each (stress.c). m is the rows of one batch. */
+static void add_stress(case_list *l, fp4d_dtype a_type, fp4d_dtype b_type, fp4d_scale_layout layout,
+                       fp4d_dtype out_type, int32_t threads, int32_t rounds, int64_t n, int64_t k)
+{
+    fp4d_case *c = push(l);
+    if (!c) return;
+    snprintf(c->group, sizeof c->group, "stress");
+    c->op = FP4D_CASE_STRESS;
+    c->m = 0;
+    for (size_t i = 0; i < fp4d_stress_m_count; i++) c->m += fp4d_stress_m[i];
+    c->n = n, c->k = k;
+    c->a_type = a_type, c->b_type = b_type, c->out_type = out_type;
+    c->a_layout = c->b_layout = layout;
+    c->input = FP4D_INPUT_GAUSSIAN;
+    c->threads = threads, c->rounds = rounds;
+    snprintf(c->name, sizeof c->name, "stress.%sx%s.%s.%s.t%d.r%d.n%lld.k%lld", short_dtype(a_type),
+             short_dtype(b_type), layout_tag(layout), short_dtype(out_type), (int)threads, (int)rounds,
+             (long long)n, (long long)k);
+}
+
 #define NV FP4D_DTYPE_NVFP4
 #define MX FP4D_DTYPE_MXFP4
 #define BF FP4D_DTYPE_BF16
@@ -143,6 +164,9 @@ static void add_quick(case_list *l)
     add_quant(l, NV, FP4D_CONV_FLASHINFER_EXACT, SWZ, FP4D_INPUT_GAUSSIAN, 64, 256);
     add_quant(l, NV, FP4D_CONV_FLASHINFER_EXACT, LIN, FP4D_INPUT_NONFINITE, 32, 128);
     add_quant(l, MX, FP4D_CONV_FLASHINFER_EXACT, SWZ, FP4D_INPUT_GAUSSIAN, 32, 256);
+    /* Four instances at once, the batch three times each: races that only show under
+     * concurrency (FI #2708, SGLang #20047). */
+    add_stress(l, NV, NV, SWZ, BF, 4, 3, 128, 256);
 }
 
 static void add_default_extra(case_list *l)
@@ -184,6 +208,8 @@ static void add_default_extra(case_list *l)
     add_quant(l, NV, FP4D_CONV_FLASHINFER_EXACT, SWZ, FP4D_INPUT_ZERO_BLOCKS, 130, 272);
     add_quant(l, NV, FP4D_CONV_TRTLLM, SWZ, FP4D_INPUT_GAUSSIAN, 64, 512);
     add_quant(l, MX, FP4D_CONV_FLASHINFER_EXACT, LIN, FP4D_INPUT_HEAVY_TAILED, 16, 512);
+    add_stress(l, BF, NV, SWZ, BF, 4, 3, 256, 512);
+    add_stress(l, MX, MX, LIN, F32, 4, 3, 128, 256);
 }
 
 static void add_full_extra(case_list *l)
@@ -210,6 +236,7 @@ static void add_full_extra(case_list *l)
         if (fp4d_convention_supports((fp4d_convention)conv, FP4D_DTYPE_MXFP4))
             add_quant(l, MX, (fp4d_convention)conv, SWZ, FP4D_INPUT_NONFINITE, 64, 1024);
     }
+    add_stress(l, NV, NV, SWZ, BF, 8, 6, 512, 1024);
 }
 
 fp4d_status fp4d_suite_cases(fp4d_suite suite, fp4d_case **cases, size_t *count)

@@ -86,7 +86,13 @@ double fp4d_case_call_timeout(const fp4d_case *c, fp4d_backend_kind kind, bool n
      * plugin at -O0 needs ~6 s per call on 1x7168x18432, over the 1e8 limit of 11.6 s for
      * both calls. */
     double rate = kind == FP4D_BACKEND_KIND_REFERENCE || kind == FP4D_BACKEND_KIND_PLUGIN ? 2e7 : 1e8;
-    double t = 1.0 + 4.0 * 2.0 * macs / rate;
+    /* A stress case: its batch twice alone, then rounds x threads batches on threads
+     * sharing the machine, as if one after another, and each further instance opened (a
+     * device backend's context and kernel selection again). */
+    double calls = 2.0;
+    if (c->op == FP4D_CASE_STRESS) calls += (double)c->threads * (double)c->rounds;
+    double t = 1.0 + 4.0 * calls * macs / rate;
     if (needs_device && first_in_child) t += 30.0;
+    if (needs_device && c->op == FP4D_CASE_STRESS) t += 30.0 * c->threads;
     return t * fp4d_timeout_scale();
 }

@@ -153,7 +153,7 @@ static void test_cli_backends_json(void **state)
         if (!strncmp(name, "faulty-", 7)) faulty += !strcmp(kind, "faulty");
     }
     assert_true(saw_ref && saw_cpu && saw_plugin);
-    assert_int_equal(faulty, 13);
+    assert_int_equal(faulty, 14);
     json_decref(root);
     free(out);
 
