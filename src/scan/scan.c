@@ -613,15 +613,24 @@ fp4d_status scan_index_load(const char *dir, scan_index_state *state, json_t **w
     bool ok = json_is_object(wm);
     const char *k;
     json_t *v;
-    if (ok)
+    if (!root)
+        snprintf(why, why_len, "not JSON: %s at line %d, column %d", err.text, err.line, err.column);
+    else if (!ok)
+        snprintf(why, why_len, "needs a \"weight_map\" of tensor -> shard file name; it has %s",
+                 wm ? "a \"weight_map\" that is not an object" : "no \"weight_map\"");
+    else
         json_object_foreach(wm, k, v) {
             const char *s = json_is_string(v) ? json_string_value(v) : NULL;
             /* Shard names are plain file names; anything else (.., absolute, empty) is refused
-             * rather than followed outside the checkpoint. */
-            if (!s || !s[0] || s[0] == '/' || strstr(s, "..")) ok = false;
+             * rather than followed outside the checkpoint. The first such entry is named. */
+            if (!s || !s[0] || s[0] == '/' || strstr(s, "..")) {
+                snprintf(why, why_len, "needs a \"weight_map\" of tensor -> shard file name; \"%.80s\" maps to %s%.80s%s",
+                         k, s ? "\"" : "", s ? s : "a non-string", s ? "\", not a file name in the folder" : "");
+                ok = false;
+                break;
+            }
         }
     if (!ok) {
-        snprintf(why, why_len, "%s", root ? "needs a \"weight_map\" of tensor -> shard file name" : err.text);
         json_decref(root);
         *state = SCAN_INDEX_INVALID;
         return FP4D_STATUS_OK;
@@ -647,9 +656,8 @@ static fp4d_status load_index(scan_ctx *c)
     }
     if (state == SCAN_INDEX_INVALID) {
         FP4D_FORWARD_IF_ERROR(add_finding(c, FP4D_FINDING_HEADER_INVALID, FP4D_SCAN_ERROR, NULL, SCAN_INDEX_NAME, 1,
-                                          "%s is not a valid index (needs a \"weight_map\" of tensor -> shard "
-                                          "file name); scanning every .safetensors file instead",
-                                          SCAN_INDEX_NAME));
+                                          "%s is not a valid index (%s); scanning every .safetensors file "
+                                          "instead", SCAN_INDEX_NAME, why));
         return list_dir_shards(c);
     }
     c->have_index = true;

@@ -362,6 +362,11 @@ static void test_scale_shape_messages(void **s)
     }
 }
 
+static void assert_contains(const char *msg, const char *needle)
+{
+    if (!strstr(msg, needle)) fail_msg("'%s' not in: %s", needle, msg);
+}
+
 static void test_folders(void **s)
 {
     (void)s;
@@ -388,16 +393,35 @@ static void test_folders(void **s)
         assert_int_equal(fd->count, !strcmp(fd->file, "gone-1.safetensors") ? 2 : 1);
     }
     fp4d_scan_report_free(r);
-    /* An index pointing outside the folder is refused, not followed. */
-    f = fopen(path, "w");
-    fputs("{\"weight_map\":{\"x\":\"../../etc/passwd\"}}", f);
-    fclose(f);
+    /* An index pointing outside the folder is refused, not followed; an index that cannot be
+     * used says why: where the JSON breaks, or which entry is not a shard file name. */
+    static const char *const bad_index[][2] = {
+        {"{\"weight_map\":{\"x\":\"../../etc/passwd\"}}",
+         "(needs a \"weight_map\" of tensor -> shard file name; \"x\" maps to \"../../etc/passwd\", not a file name"},
+        {"{\"weight_map\":{\"a\":\"m.safetensors\",\"y\":7}}", "\"y\" maps to a non-string"},
+        {"{\"metadata\":{}}", "it has no \"weight_map\")"},
+        {"{\"weight_map\":[]}", "it has a \"weight_map\" that is not an object)"},
+        {"{\"weight_map\":\n{\"x\" \"y\"}}", "(not JSON: "},
+    };
+    char index_path[sizeof path];
+    snprintf(index_path, sizeof index_path, "%s", path);
     const char *good = H2("\"data_offsets\":[0,8]", "\"data_offsets\":[8,16]");
     snprintf(path, sizeof path, "ckpt/model.safetensors");
     write_st(path, good, ~0ull, 16, ~0ull);
-    r = scan_one(dir);
-    assert_single(r, FP4D_FINDING_HEADER_INVALID, NULL, 1);
-    fp4d_scan_report_free(r);
+    for (size_t i = 0; i < sizeof bad_index / sizeof bad_index[0]; i++) {
+        f = fopen(index_path, "w");
+        assert_non_null(f);
+        fputs(bad_index[i][0], f);
+        assert_int_equal(fclose(f), 0);
+        r = scan_one(dir);
+        assert_single(r, FP4D_FINDING_HEADER_INVALID, NULL, 1);
+        const char *msg = fp4d_scan_report_get(r, 0)->message;
+        assert_contains(msg, "model.safetensors.index.json is not a valid index (");
+        assert_contains(msg, bad_index[i][1]);
+        if (i == 4) assert_contains(msg, "at line 2, column");
+        assert_contains(msg, "); scanning every .safetensors file instead");
+        fp4d_scan_report_free(r);
+    }
     /* A config that is not JSON is a finding; the shards are still scanned. */
     snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
     unlink(path);
@@ -424,11 +448,6 @@ static const fp4d_scan_finding *finding_for(const fp4d_scan_report *r, fp4d_find
     }
     fail_msg("no %s finding about %s", fp4d_finding_code_name(code), file);
     return NULL;
-}
-
-static void assert_contains(const char *msg, const char *needle)
-{
-    if (!strstr(msg, needle)) fail_msg("'%s' not in: %s", needle, msg);
 }
 
 /* An index or config that is there but cannot be read was taken for absent, without a word:
