@@ -157,14 +157,18 @@ int cmd_scan(int argc, char **argv)
 
 static void replay_usage(FILE *f)
 {
-    fprintf(f, "usage: fp4doctor replay CHECKPOINT --layer NAME [--backend LIST] [--rows M] [--seed S]\n\n"
+    fprintf(f, "usage: fp4doctor replay CHECKPOINT --layer NAME [--backend LIST] [--rows M] [--seed S]\n"
+               "                        [--tp N [--rank R]]\n\n"
                "Runs one quantized layer's real weights (NAME: the module, e.g.\n"
                "model.layers.0.mlp.experts.17.down_proj, or any of its tensors) through every\n"
                "available backend against the exact reference, with activations drawn at the scale\n"
                "its input scale implies, and prints the same verdicts as `fp4doctor check`.\n\n"
                "  --backend LIST  comma-separated backend names (default: all available)\n"
                "  --rows M        activation rows, 1..4096 (default 16)\n"
-               "  --seed S        activation seed (default 1)\n\n"
+               "  --seed S        activation seed (default 1)\n"
+               "  --tp N          replay one rank's shard at tensor-parallel degree N, 1..1024:\n"
+               "                  down_proj, o_proj, ... split along K, other linears along N\n"
+               "  --rank R        which rank's shard, 0..N-1 (default 0)\n\n"
                "exit: 0 every backend PASS or UNSUPPORTED, 1 a failure, 2 usage, 3 unreadable input\n");
 }
 
@@ -172,6 +176,7 @@ int cmd_replay(int argc, char **argv)
 {
     const char *cmd = argv[0];
     fp4d_replay_options opt = {0};
+    bool rank_given = false;
     opt.rows = 16;
     opt.seed = 1;
     for (int i = 1; i < argc; i++) {
@@ -193,6 +198,19 @@ int cmd_replay(int argc, char **argv)
             if (!strcmp(a, "--rows")) opt.rows = (int64_t)v;
             else opt.seed = v;
             i++;
+        } else if (!strcmp(a, "--tp") || !strcmp(a, "--rank")) {
+            if (i + 1 >= argc) return cli_fail(FP4D_EXIT_USAGE, cmd, "%s needs a number", a);
+            uint64_t v;
+            const bool tp = !strcmp(a, "--tp");
+            if (!cli_parse_u64(argv[i + 1], &v) || v > (tp ? 1024u : 1023u) || (tp && v < 1))
+                return cli_fail(FP4D_EXIT_USAGE, cmd, "%s: '%s' is not a number in %s", a, argv[i + 1],
+                                tp ? "1..1024" : "0..1023");
+            if (tp) opt.tp = (int)v;
+            else {
+                opt.rank = (int)v;
+                rank_given = true;
+            }
+            i++;
         } else if (a[0] == '-' && a[1]) {
             return cli_fail(FP4D_EXIT_USAGE, cmd, "unknown option '%s' (see fp4doctor replay --help)", a);
         } else if (!opt.checkpoint) {
@@ -203,5 +221,9 @@ int cmd_replay(int argc, char **argv)
     }
     if (!opt.checkpoint || !opt.layer)
         return cli_fail(FP4D_EXIT_USAGE, cmd, "expected CHECKPOINT and --layer NAME (see fp4doctor replay --help)");
+    if (rank_given && opt.tp < 2)
+        return cli_fail(FP4D_EXIT_USAGE, cmd, "--rank needs --tp N of 2 or more (the rank of which split?)");
+    if (opt.tp > 1 && opt.rank >= opt.tp)
+        return cli_fail(FP4D_EXIT_USAGE, cmd, "--rank %d is not a rank of --tp %d (0..%d)", opt.rank, opt.tp, opt.tp - 1);
     return fp4d_replay_run(&opt, stdout, cli_use_color(stdout));
 }

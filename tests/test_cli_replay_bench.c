@@ -337,6 +337,85 @@ static void test_replay_unusable_index(void **state)
     assert_int_equal(unlink(index), 0);
 }
 
+/* Sets block scale (row, col) of a module's linear [rows x cols] scales to value, in the shard
+ * the checkpoint's index names for it (the file is patched in place). */
+static void set_block_scale(const char *ckpt, const char *module, int64_t row, int64_t col, uint8_t value)
+{
+    char tensor[256], file[512];
+    snprintf(tensor, sizeof tensor, "%s.weight_scale", module);
+    snprintf(file, sizeof file, "%s/%s", path_of(ckpt), indexed_shard(ckpt, tensor));
+    FILE *f = fopen(file, "r+b");
+    assert_non_null(f);
+    uint8_t len8[8];
+    assert_int_equal(fread(len8, 1, 8, f), 8);
+    uint64_t hlen = 0;
+    for (int i = 7; i >= 0; i--) hlen = hlen << 8 | len8[i];
+    char *header = calloc(hlen + 1, 1);
+    assert_non_null(header);
+    assert_int_equal(fread(header, 1, hlen, f), hlen);
+    json_t *root = json_loads(header, 0, NULL);
+    json_t *t = json_object_get(root, tensor);
+    const int64_t cols = json_integer_value(json_array_get(json_object_get(t, "shape"), 1));
+    const int64_t begin = json_integer_value(json_array_get(json_object_get(t, "data_offsets"), 0));
+    assert_true(cols > col);
+    assert_int_equal(fseek(f, (long)(8 + hlen + (uint64_t)begin + (uint64_t)(row * cols + col)), SEEK_SET), 0);
+    assert_int_equal(fputc(value, f), value);
+    assert_int_equal(fclose(f), 0);
+    json_decref(root);
+    free(header);
+}
+
+/* --tp N --rank R replays the shard rank R holds: a row-parallel layer (down_proj) its K / N
+ * columns, others their N / N rows. A NaN block scale planted in one rank's part of each layer
+ * makes that rank's shard broken and no other's, which says the right part was cut (the
+ * verdicts alone would not: the reference runs on the same shard). */
+static void test_replay_tensor_parallel_shard(void **state)
+{
+    (void)state;
+    /* default generator: down_proj [64 x 128] (scales 64 x 8), gate_proj [128 x 64] (128 x 4) */
+    generate("tp", FP4D_CKPT_MODELOPT_NVFP4, 0, NULL);
+    set_block_scale("tp", LAYER, 5, 4, 0x7F);                      /* K 64..79: rank 1 of 2, rank 4 of 8 */
+    set_block_scale("tp", "model.layers.0.mlp.gate_proj", 64, 0, 0xFF); /* row 64: rank 1 of 2 */
+    assert_int_equal(run_cli("replay '%s' --layer " LAYER " --backend ref,cpu --tp 2 --rank 0", path_of("tp")), 0);
+    assert_true(output_contains("stdout.txt", "rank 0 of --tp 2: [64 x 64], split along K, row-parallel"));
+    assert_false(output_contains("stdout.txt", "NaN"));
+    assert_false(output_contains("stdout.txt", "note:"));
+    assert_int_equal(run_cli("replay '%s' --layer " LAYER " --backend ref,cpu --tp 2 --rank 1", path_of("tp")), 1);
+    assert_true(output_contains("stdout.txt", "1 of 256 block scales are NaN"));
+    for (int rank = 3; rank <= 5; rank++) {
+        assert_int_equal(run_cli("replay '%s' --layer " LAYER " --backend ref,cpu --tp 8 --rank %d", path_of("tp"), rank),
+                         rank == 4);
+        assert_true(output_contains("stdout.txt", "[64 x 16]"));
+        assert_true(output_contains("stdout.txt", rank == 4 ? "1 of 64 block scales are NaN" : "PASS"));
+        /* 16 columns per rank: each rank's scale rows end in a padded column (vLLM #48898) */
+        assert_true(output_contains("stdout.txt", "note: each rank's K = 16 is not a multiple of 32"));
+    }
+    assert_int_equal(run_cli("replay '%s' --layer model.layers.0.mlp.gate_proj --backend ref,cpu --tp 2", path_of("tp")), 0);
+    assert_true(output_contains("stdout.txt", "rank 0 of --tp 2: [64 x 64], split along its output rows N"));
+    assert_int_equal(run_cli("replay '%s' --layer model.layers.0.mlp.gate_proj --backend cpu --tp 2 --rank 1",
+                             path_of("tp")), 1);
+    assert_true(output_contains("stdout.txt", "1 of 256 block scales are NaN"));
+    /* without --tp the whole layer, both NaN scales in it */
+    assert_int_equal(run_cli("replay '%s' --layer model.layers.0.mlp.gate_proj --backend cpu", path_of("tp")), 1);
+    assert_true(output_contains("stdout.txt", "1 of 512 block scales are NaN"));
+    /* shards engines refuse, and ranks that do not exist: usage errors, nothing run */
+    assert_int_equal(run_cli("replay '%s' --layer " LAYER " --backend cpu --tp 3", path_of("tp")), 2);
+    assert_true(output_contains("stderr.txt", "K = 128 cannot be split evenly between 3 tensor-parallel ranks"));
+    assert_int_equal(output_size("stdout.txt"), 0);
+    assert_int_equal(run_cli("replay '%s' --layer " LAYER " --backend cpu --tp 16", path_of("tp")), 2);
+    assert_true(output_contains("stderr.txt", "each rank holds K = 8, which splits a 16-element scale block"));
+    assert_int_equal(run_cli("replay '%s' --layer " LAYER " --backend cpu --tp 2 --rank 2", path_of("tp")), 2);
+    assert_true(output_contains("stderr.txt", "--rank 2 is not a rank of --tp 2 (0..1)"));
+    assert_int_equal(run_cli("replay '%s' --layer " LAYER " --backend cpu --rank 1", path_of("tp")), 2);
+    assert_true(output_contains("stderr.txt", "--rank needs --tp"));
+    assert_int_equal(run_cli("replay '%s' --layer " LAYER " --backend cpu --tp 0", path_of("tp")), 2);
+    assert_int_equal(run_cli("replay '%s' --layer " LAYER " --backend cpu --tp 1025", path_of("tp")), 2);
+    /* scan --tp says the same of the same layers */
+    assert_int_equal(run_cli("scan '%s' --tp 8", path_of("tp")), 1); /* the planted NaN scales */
+    assert_true(output_contains("stdout.txt", "TP_SHARD"));
+    assert_true(output_contains("stdout.txt", "at --tp 8 each rank holds K = 16, not a multiple of 32"));
+}
+
 /* A plugin that cannot be loaded (FP4DOCTOR_PLUGINS) is an unreadable input, 3, as in backends
  * and check; replay said 4, fp4doctor's own failure. */
 static void test_replay_plugin_unloadable(void **state)
@@ -483,6 +562,7 @@ int main(void)
         cmocka_unit_test(test_replay_unreadable_indexed_shard),
         cmocka_unit_test(test_replay_unindexed_files),
         cmocka_unit_test(test_replay_unusable_index),
+        cmocka_unit_test(test_replay_tensor_parallel_shard),
         cmocka_unit_test(test_replay_plugin_unloadable),
         cmocka_unit_test(test_replay_timeout_grows_with_work),
         cmocka_unit_test(test_bench_huge_shape_skipped),

@@ -48,3 +48,24 @@ char *scan_name_module(const char *name)
     }
     return strdup(name);
 }
+
+bool scan_tp_row_parallel(const char *module)
+{
+    static const char *const names[] = {"down_proj", "o_proj", "out_proj", "dense_4h_to_h", "w2", "wo", "fc2"};
+    const char *dot = strrchr(module, '.');
+    const char *leaf = dot ? dot + 1 : module;
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        if (!strcmp(leaf, names[i])) return true;
+    return false;
+}
+
+scan_tp_problem scan_tp_shard(int64_t n, int64_t k, int64_t block, bool is_mx, bool row_parallel, int tp)
+{
+    const int64_t split = row_parallel ? k : n;
+    if (tp <= 1 || split <= 0) return SCAN_TP_OK;
+    if (split % tp) return SCAN_TP_UNEVEN;
+    if (!row_parallel) return SCAN_TP_OK;
+    const int64_t per_rank = k / tp;
+    if (per_rank % block) return SCAN_TP_SPLIT_BLOCK;
+    return !is_mx && per_rank % 32 ? SCAN_TP_PADDED_SCALES : SCAN_TP_OK;
+}

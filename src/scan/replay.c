@@ -250,7 +250,9 @@ typedef struct replay_layer {
     double     input_decode;   /* 0 when the layer has no static input scale */
     uint64_t   nan_scales;     /* block scales that are NaN codes (e4m3 0x7F/0xFF, e8m0 0xFF) */
     uint64_t   num_scales;
+    bool       row_parallel;   /* split along K under tensor parallelism (scan_tp_row_parallel) */
     char       desc[256];
+    char       shard[128];     /* which rank's shard of the layer this is; empty for all of it */
 } replay_layer;
 
 /* Appends to why the quantized layers whose module names contain query (a partial name such
@@ -283,6 +285,17 @@ static void suggest_layers(const replay_shards *s, const char *query, char *why,
         }
     size_t used = strlen(why);
     if (more && used + 24 < why_n) snprintf(why + used, why_n - used, " and %zu more", more);
+}
+
+static int64_t layer_block(const replay_layer *L) { return L->format == FP4D_DTYPE_MXFP4 ? 32 : 16; }
+
+static void count_nan_scales(replay_layer *L)
+{
+    const bool mx = L->format == FP4D_DTYPE_MXFP4;
+    L->num_scales = (uint64_t)L->n * (uint64_t)(L->k / layer_block(L));
+    L->nan_scales = 0;
+    for (uint64_t i = 0; i < L->num_scales; i++)
+        L->nan_scales += mx ? L->scales[i] == 0xFF : (L->scales[i] & 0x7F) == 0x7F;
 }
 
 static bool layer_load(replay_shards *s, const char *name, replay_layer *L, char *why, size_t why_n)
@@ -385,9 +398,7 @@ static bool layer_load(replay_shards *s, const char *name, replay_layer *L, char
     memcpy(L->scales, scales, (size_t)(L->n * (L->k / block)));
     /* NaN block scales make the outputs that touch them NaN (ue8m0 0xFF: Inf or 2^128, by
      * engine) whatever the backend: those elements cannot judge one, and the layer is broken */
-    L->num_scales = (uint64_t)L->n * (uint64_t)(L->k / block);
-    for (uint64_t i = 0; i < L->num_scales; i++)
-        L->nan_scales += mx ? L->scales[i] == 0xFF : (L->scales[i] & 0x7F) == 0x7F;
+    count_nan_scales(L);
     L->weight_decode = 1.0;
     if (!mx) {
         if (ct) {
@@ -407,6 +418,7 @@ static bool layer_load(replay_shards *s, const char *name, replay_layer *L, char
             return false;
         }
     }
+    L->row_parallel = scan_tp_row_parallel(module);
     snprintf(L->desc, sizeof L->desc, "%s%s%lld: %s [%lld x %lld]", module, expert >= 0 && gptoss ? " expert " : "",
              (long long)(expert >= 0 && gptoss ? expert : 0), mx ? "mxfp4" : "nvfp4", (long long)L->n, (long long)L->k);
     if (!(expert >= 0 && gptoss))
@@ -419,6 +431,63 @@ bad_shape:
              module, w->name, sc->name);
     free(module);
     return false;
+}
+
+/* ---- one tensor-parallel rank's shard ------------------------------------------------------- */
+
+/* Replaces L's matrix by rank's shard at TP degree tp, as engines cut it (scan_tp_row_parallel):
+ * row-parallel layers keep every row and the rank's K / tp columns with their scale columns,
+ * the others the rank's N / tp contiguous rows (an engine that interleaves fused gate/up rows
+ * takes other rows, of the same count: the shape the kernels see is the same). The global
+ * scales are per tensor, the same on every rank. A shard engines refuse is a usage error, said
+ * in why; note gets the padded-scale warning scan gives (empty when none). */
+static int layer_shard(replay_layer *L, int tp, int rank, char *why, size_t why_n, char *note, size_t note_n)
+{
+    note[0] = '\0';
+    if (tp <= 1) return FP4D_EXIT_OK;
+    const int64_t block = layer_block(L), n = L->n, k = L->k;
+    const bool mx = L->format == FP4D_DTYPE_MXFP4, split_k = L->row_parallel;
+    const scan_tp_problem problem = scan_tp_shard(n, k, block, mx, split_k, tp);
+    const char *how = split_k ? "along K, row-parallel" : "along its output rows N, column-parallel";
+    if (problem == SCAN_TP_UNEVEN) {
+        snprintf(why, why_n, "%.200s: %s = %lld cannot be split evenly between %d tensor-parallel ranks (split %s); "
+                 "engines refuse it at --tp %d (fp4doctor scan --tp %d lists every such layer)", L->desc,
+                 split_k ? "K" : "N", (long long)(split_k ? k : n), tp, how, tp, tp);
+        return FP4D_EXIT_USAGE;
+    }
+    if (problem == SCAN_TP_SPLIT_BLOCK) {
+        snprintf(why, why_n, "%.200s: at --tp %d each rank holds K = %lld, which splits a %lld-element scale block "
+                 "between two ranks; engines refuse it (fp4doctor scan --tp %d lists every such layer)", L->desc, tp,
+                 (long long)(k / tp), (long long)block, tp);
+        return FP4D_EXIT_USAGE;
+    }
+    const int64_t rn = split_k ? n : n / tp, rk = split_k ? k / tp : k;
+    const int64_t row0 = split_k ? 0 : (int64_t)rank * rn, k0 = split_k ? (int64_t)rank * rk : 0;
+    uint8_t *codes = malloc((size_t)(rn * rk / 2)), *scales = malloc((size_t)(rn * (rk / block)));
+    if (!codes || !scales) {
+        free(codes);
+        free(scales);
+        snprintf(why, why_n, "out of memory");
+        return FP4D_EXIT_INTERNAL;
+    }
+    for (int64_t r = 0; r < rn; r++) {
+        memcpy(codes + r * (rk / 2), L->codes + (row0 + r) * (k / 2) + k0 / 2, (size_t)(rk / 2));
+        memcpy(scales + r * (rk / block), L->scales + (row0 + r) * (k / block) + k0 / block, (size_t)(rk / block));
+    }
+    free(L->codes);
+    free(L->scales);
+    L->codes = codes;
+    L->scales = scales;
+    L->n = rn;
+    L->k = rk;
+    count_nan_scales(L);
+    snprintf(L->shard, sizeof L->shard, "rank %d of --tp %d: [%lld x %lld], split %s", rank, tp, (long long)rn,
+             (long long)rk, how);
+    if (problem == SCAN_TP_PADDED_SCALES)
+        snprintf(note, note_n, "each rank's K = %lld is not a multiple of 32, so its block-scale rows end in a padded "
+                 "column; FlashInfer's CUTLASS and cuDNN NVFP4 linear kernels read stale memory there under "
+                 "torch.compile (vLLM #48898: garbage at TP 8, Marlin correct)", (long long)rk);
+    return FP4D_EXIT_OK;
 }
 
 /* ---- activations ------------------------------------------------------------------------------ */
@@ -687,6 +756,11 @@ int fp4d_replay_run(const fp4d_replay_options *opt, FILE *out, bool color)
         fprintf(stderr, "fp4doctor replay: --layer needs a NAME, not ''\n");
         return FP4D_EXIT_USAGE;
     }
+    if (opt->tp > 1 && (opt->rank < 0 || opt->rank >= opt->tp)) {
+        fprintf(stderr, "fp4doctor replay: --rank %d is not a rank of --tp %d (0..%d)\n", opt->rank, opt->tp,
+                opt->tp - 1);
+        return FP4D_EXIT_USAGE;
+    }
     fp4d_registry_options ro = {0};
     ro.include_faulty = opt->backends && strstr(opt->backends, "faulty") != NULL;
     const fp4d_status registry = fp4d_registry_init(&ro);
@@ -720,6 +794,14 @@ int fp4d_replay_run(const fp4d_replay_options *opt, FILE *out, bool color)
         return FP4D_EXIT_INPUT;
     }
     shards_free(&s);
+    char note[512];
+    const int sharded = layer_shard(&L, opt->tp, opt->rank, why, sizeof why, note, sizeof note);
+    if (sharded != FP4D_EXIT_OK) {
+        fprintf(stderr, "fp4doctor replay: %s\n", why);
+        free(L.codes);
+        free(L.scales);
+        return sharded;
+    }
     int64_t M = opt->rows > 0 ? opt->rows : 16, N = L.n, K = L.k;
     replay_act A;
     int rc = FP4D_EXIT_OK;
@@ -774,11 +856,12 @@ int fp4d_replay_run(const fp4d_replay_options *opt, FILE *out, bool color)
     }
     const char *bold = color ? "\033[1m" : "", *red = color ? "\033[31;1m" : "", *green = color ? "\033[32m" : "",
                *dim = color ? "\033[2m" : "", *reset = color ? "\033[0m" : "";
-    fprintf(out, "%sfp4doctor replay%s %s\n  layer %s, alpha %.6g, activations %s [%lld x %lld]%s, %zu elements checked "
-                 "exactly\n\n",
-            bold, reset, opt->checkpoint, L.desc, (double)p.alpha, A.a.dtype == FP4D_DTYPE_NVFP4 ? "nvfp4" : "bf16",
+    fprintf(out, "%sfp4doctor replay%s %s\n  layer %s%s%s\n  alpha %.6g, activations %s [%lld x %lld]%s, %zu elements "
+                 "checked exactly\n\n",
+            bold, reset, opt->checkpoint, L.desc, L.shard[0] ? "\n  shard " : "", L.shard, (double)p.alpha, A.a.dtype == FP4D_DTYPE_NVFP4 ? "nvfp4" : "bf16",
             (long long)M, (long long)K, L.input_decode > 0 && L.format == FP4D_DTYPE_NVFP4 ? " at its input scale" : "",
             ns);
+    if (note[0]) fprintf(out, "  note: %s\n\n", note);
     size_t ran = 0;
     for (size_t i = 0; i < fp4d_registry_count(); i++) {
         const fp4d_backend_iface *bi = fp4d_registry_get(i);

@@ -13,6 +13,8 @@ typedef struct fp4d_replay_options {
     const char *backends;   /* comma-separated names; NULL = every registered backend */
     int64_t     rows;       /* activation rows M */
     uint64_t    seed;
+    int         tp;         /* tensor-parallel degree: replay rank's shard of the layer; <= 1: all of it */
+    int         rank;       /* 0 .. tp - 1 */
 } fp4d_replay_options;
 
 /* Runs the replay and prints the verdicts. Returns a CLI exit code (enum fp4d_exit): 2 for a

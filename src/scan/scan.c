@@ -1669,41 +1669,25 @@ bool fp4d_scan_hashes_available(void) { return scan_hashes_available(); }
 
 /* ---- tensor-parallel shards (--tp) ------------------------------------------------------ */
 
-/* Modules that engines split along K (row-parallel: their input is the sharded activation);
- * every other linear is split along its output rows N (column-parallel). */
-static bool row_parallel(const char *leaf)
-{
-    static const char *const names[] = {"down_proj", "o_proj", "out_proj", "dense_4h_to_h", "w2", "wo", "fc2"};
-    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
-        if (!strcmp(leaf, names[i])) return true;
-    return false;
-}
-
-/* What one rank's shard of a unit is at this TP degree: 0 fine, 1 a K or N that does not divide
- * (error), 2 a K per rank that splits a scale block (error), 3 an NVFP4 K per rank that is not a
- * multiple of 32 (warning). *dim_out is the dimension judged (K or N), *split whether it is K. */
-static int shard_problem(const scan_ctx *c, const scan_unit *u, int tp, int64_t *dim_out, bool *split_k)
+/* What one rank's shard of a unit is at this TP degree (scan_tp_shard); *dim_out is the
+ * dimension judged (K or N), *split_k whether it is K. */
+static scan_tp_problem shard_problem(const scan_ctx *c, const scan_unit *u, int tp, int64_t *dim_out, bool *split_k)
 {
     const scan_tensor *w = &c->tensors[u->weight];
     int64_t n, k;
-    if (!w->trusted) return 0;
+    if (!w->trusted) return SCAN_TP_OK;
     if (u->kind == UNIT_GPTOSS) {
-        if (w->ndim < 3) return 0;
+        if (w->ndim < 3) return SCAN_TP_OK;
         n = w->shape[w->ndim - 3];
         k = w->shape[w->ndim - 2] * 32;
     } else {
-        if (w->ndim < 2) return 0;
+        if (w->ndim < 2) return SCAN_TP_OK;
         n = w->shape[w->ndim - 2];
         k = 2 * w->shape[w->ndim - 1];
     }
-    *split_k = row_parallel(leaf_of(u->module));
+    *split_k = scan_tp_row_parallel(u->module);
     *dim_out = *split_k ? k : n;
-    if (*dim_out <= 0) return 0;
-    if (*dim_out % tp) return 1;
-    if (!*split_k) return 0;
-    const int64_t kr = k / tp;
-    if (kr % u->block) return 2;
-    return !u->is_mx && kr % 32 ? 3 : 0;
+    return scan_tp_shard(n, k, u->block, u->is_mx, *split_k, tp);
 }
 
 /* One finding per weight, as for every other finding: the per-layer table then says which
@@ -1715,18 +1699,18 @@ static fp4d_status check_tp_shards(scan_ctx *c)
         const scan_unit *u = &c->units[i];
         int64_t dim = 0;
         bool split_k = false;
-        const int problem = shard_problem(c, u, tp, &dim, &split_k);
-        if (!problem) continue;
+        const scan_tp_problem problem = shard_problem(c, u, tp, &dim, &split_k);
+        if (problem == SCAN_TP_OK) continue;
         const scan_tensor *w = &c->tensors[u->weight];
         const char *leaf = leaf_of(u->module);
         const long long d = (long long)dim, per = (long long)(dim / tp);
         fp4d_status st;
-        if (problem == 1)
+        if (problem == SCAN_TP_UNEVEN)
             st = add_finding(c, FP4D_FINDING_TP_SHARD, FP4D_SCAN_ERROR, w->name, file_rel(c, w->file), 1,
                              "%s has %s = %lld, which %d tensor-parallel ranks cannot split evenly (%s is split %s): "
                              "engines refuse it at --tp %d", w->name, split_k ? "K" : "N", d, tp, leaf,
                              split_k ? "along K, row-parallel" : "along its output rows, column-parallel", tp);
-        else if (problem == 2)
+        else if (problem == SCAN_TP_SPLIT_BLOCK)
             st = add_finding(c, FP4D_FINDING_TP_SHARD, FP4D_SCAN_ERROR, w->name, file_rel(c, w->file), 1,
                              "%s has K = %lld: at --tp %d each rank holds K = %lld, which splits a %lld-element "
                              "scale block between two ranks", w->name, d, tp, per, (long long)u->block);

@@ -79,6 +79,24 @@ int64_t scan_name_expert(const char *name);
  * Returns a malloc'd string the caller frees, or NULL when out of memory. */
 char *scan_name_module(const char *name);
 
+/* ---- tensor parallelism (names.c) ----
+ * How engines shard a linear at TP degree tp: down_proj, o_proj, out_proj, dense_4h_to_h, w2,
+ * wo and fc2 are row-parallel (split along K: their input is the sharded activation); every
+ * other linear is column-parallel (split along its output rows N). module: the module name
+ * (its last component decides). */
+bool scan_tp_row_parallel(const char *module);
+
+typedef enum scan_tp_problem {
+    SCAN_TP_OK,
+    SCAN_TP_UNEVEN,        /* the split dimension is not a multiple of tp: engines refuse it */
+    SCAN_TP_SPLIT_BLOCK,   /* K / tp splits a scale block between two ranks: engines refuse it */
+    SCAN_TP_PADDED_SCALES, /* NVFP4 K / tp not a multiple of 32: each rank's scale rows end in a
+                            * padded column (vLLM #48898); runs, but some kernels misread it */
+} scan_tp_problem;
+
+/* The problem of one rank's shard of an n x k matrix of `block`-element scale blocks. */
+scan_tp_problem scan_tp_shard(int64_t n, int64_t k, int64_t block, bool is_mx, bool row_parallel, int tp);
+
 /* digest.c: SHA-256 of the first `size` bytes of fd (pread: the file position is untouched) as
  * 64 lowercase hex digits in hex; false with the reason in why where it cannot be read or this
  * build has no libcrypto (scan_hashes_available). */
