@@ -104,7 +104,8 @@ static void quantize_usage(FILE *f)
             "                      ocp (mxfp4 only)\n"
             "  --scale-layout L    linear (default), swizzled (128x4) or swizzled8x4\n"
             "  --tensor NAME       quantize only this tensor (repeatable)\n\n"
-            "exit codes: 0 written, 2 usage error, 3 unreadable input or a tensor that cannot be quantized\n");
+            "exit codes: 0 written, 2 usage error, 3 unreadable input or a tensor that cannot be quantized,\n"
+            "            4 out of memory or file descriptors\n");
 }
 
 typedef struct quant_opts {

@@ -221,9 +221,9 @@ int cmd_replay(int argc, char **argv)
     }
     if (!opt.checkpoint || !opt.layer)
         return cli_fail(FP4D_EXIT_USAGE, cmd, "expected CHECKPOINT and --layer NAME (see fp4doctor replay --help)");
-    if (rank_given && opt.tp < 2)
-        return cli_fail(FP4D_EXIT_USAGE, cmd, "--rank needs --tp N of 2 or more (the rank of which split?)");
-    if (opt.tp > 1 && opt.rank >= opt.tp)
+    if (rank_given && opt.tp < 1)
+        return cli_fail(FP4D_EXIT_USAGE, cmd, "--rank needs --tp N (the rank of which split?)");
+    if (opt.rank >= opt.tp && rank_given)
         return cli_fail(FP4D_EXIT_USAGE, cmd, "--rank %d is not a rank of --tp %d (0..%d)", opt.rank, opt.tp, opt.tp - 1);
     return fp4d_replay_run(&opt, stdout, cli_use_color(stdout));
 }

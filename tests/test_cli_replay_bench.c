@@ -395,7 +395,7 @@ static void test_replay_tensor_parallel_shard(void **state)
     assert_int_equal(run_cli("replay '%s' --layer model.layers.0.mlp.gate_proj --backend cpu --tp 2 --rank 1",
                              path_of("tp")), 1);
     assert_true(output_contains("stdout.txt", "1 of 256 block scales are NaN"));
-    /* without --tp the whole layer, both NaN scales in it */
+    /* without --tp the whole layer, its NaN scale in it */
     assert_int_equal(run_cli("replay '%s' --layer model.layers.0.mlp.gate_proj --backend cpu", path_of("tp")), 1);
     assert_true(output_contains("stdout.txt", "1 of 512 block scales are NaN"));
     /* shards engines refuse, and ranks that do not exist: usage errors, nothing run */
@@ -408,6 +408,12 @@ static void test_replay_tensor_parallel_shard(void **state)
     assert_true(output_contains("stderr.txt", "--rank 2 is not a rank of --tp 2 (0..1)"));
     assert_int_equal(run_cli("replay '%s' --layer " LAYER " --backend cpu --rank 1", path_of("tp")), 2);
     assert_true(output_contains("stderr.txt", "--rank needs --tp"));
+    assert_int_equal(run_cli("replay '%s' --layer " LAYER " --backend cpu --tp 1 --rank 1", path_of("tp")), 2);
+    assert_true(output_contains("stderr.txt", "--rank 1 is not a rank of --tp 1 (0..0)"));
+    /* --tp 1 is the whole layer, and rank 0 its only rank */
+    assert_int_equal(run_cli("replay '%s' --layer " LAYER " --backend cpu --tp 1 --rank 0", path_of("tp")), 1);
+    assert_true(output_contains("stdout.txt", "1 of 512 block scales are NaN"));
+    assert_false(output_contains("stdout.txt", "shard"));
     assert_int_equal(run_cli("replay '%s' --layer " LAYER " --backend cpu --tp 0", path_of("tp")), 2);
     assert_int_equal(run_cli("replay '%s' --layer " LAYER " --backend cpu --tp 1025", path_of("tp")), 2);
     /* scan --tp says the same of the same layers */

@@ -72,7 +72,9 @@ void fp4d_probe_write_hint(fp4d_probe_report *r)
     switch (r->verdict) {
     case FP4D_PROBE_VERDICT_HEALTHY:
         add(&t, "No NaN stop, garbage or %s in %u responses at concurrency 1 and %u with up to %u in flight.",
-            r->answer_check ? "wrong answer" : "empty answer (answers not checked)",
+            !r->answer_check      ? "empty answer (answers not checked)"
+            : r->answers_unverified ? "empty answer (the answers could not be verified: see the note)"
+                                    : "wrong answer",
             r->phases[0].completed, p2->completed, p2->max_in_flight);
         if (p2->max_in_flight < 2)
             add(&t, " Phase 2 never had two requests in flight, so mixed batches were not tested: "
