@@ -93,6 +93,14 @@ int cli_registry_failed(const char *cmd, fp4d_status st);
  * after a message, FP4D_EXIT_INPUT; cli_discard_output drops it and leaves a previous FILE as it
  * was - for runs that fail before their report is complete. */
 FILE *cli_open_output(const char *cmd, const char *path);
+/* The exit code for a cli_open_output that returned NULL: FP4D_EXIT_USAGE for an empty name,
+ * FP4D_EXIT_INPUT for a file that cannot be written. */
+int   cli_output_failure(void);
+/* "-", or a path naming the file or pipe standard output already is (/dev/stdout,
+ * /proc/self/fd/1, the file it was redirected to): cli_open_output returns stdout for it, so
+ * the text report must go elsewhere; opened by name, its second descriptor wrote over the text
+ * from offset 0. */
+bool  cli_path_is_stdout(const char *path);
 int   cli_close_output(FILE *f);
 void  cli_discard_output(FILE *f);
 

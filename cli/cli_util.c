@@ -185,9 +185,31 @@ int cli_registry_failed(const char *cmd, fp4d_status st)
                     "%s", fp4d_last_error());
 }
 
+bool cli_path_is_stdout(const char *path)
+{
+    if (!strcmp(path, "-")) return true;
+    struct stat named, out;
+    if (stat(path, &named) != 0 || fstat(STDOUT_FILENO, &out) != 0) return false;
+    /* a terminal or /dev/null takes a second writer without harm: only files, pipes and
+     * sockets, where the second descriptor overwrote or interleaved the text */
+    const bool shared = S_ISREG(out.st_mode) || S_ISFIFO(out.st_mode) || S_ISSOCK(out.st_mode);
+    return shared && named.st_dev == out.st_dev && named.st_ino == out.st_ino;
+}
+
+static int open_failure = FP4D_EXIT_INPUT;
+
+int cli_output_failure(void) { return open_failure; }
+
 FILE *cli_open_output(const char *cmd, const char *path)
 {
-    if (!strcmp(path, "-")) {
+    open_failure = FP4D_EXIT_INPUT;
+    if (!path[0]) {
+        /* fopen("") fails, but the temporary file beside it did not, so the run went ahead and
+         * only its last step said the report could not be written */
+        open_failure = cli_fail(FP4D_EXIT_USAGE, cmd, "a report FILE cannot be an empty name (- is standard output)");
+        return NULL;
+    }
+    if (cli_path_is_stdout(path)) {
         snprintf(stdout_cmd, sizeof stdout_cmd, "%s", cmd);
         return stdout;
     }

@@ -614,10 +614,10 @@ int cmd_bench(int argc, char **argv)
     }
     if (o.json_path && !(jf = cli_open_output(cmd, o.json_path))) {
         sigaction(SIGINT, &old_sa, NULL);
-        return FP4D_EXIT_INPUT;
+        return cli_output_failure();
     }
     /* human table to stdout, unless the JSON goes there */
-    const bool table = !(o.json_path && !strcmp(o.json_path, "-"));
+    const bool table = jf != stdout;
     rows rs = {0};
     json_t *extra = json_array();
     int failures = 0;

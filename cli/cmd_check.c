@@ -238,11 +238,11 @@ int cmd_check(int argc, char **argv)
     }
 
     FILE *json_f = NULL, *junit_f = NULL, *html_f = NULL;
-    if (json_path && !(json_f = cli_open_output(cmd, json_path))) { rc = FP4D_EXIT_INPUT; goto out; }
-    if (junit_path && !(junit_f = cli_open_output(cmd, junit_path))) { cli_discard_output(json_f); rc = FP4D_EXIT_INPUT; goto out; }
+    if (json_path && !(json_f = cli_open_output(cmd, json_path))) { rc = cli_output_failure(); goto out; }
+    if (junit_path && !(junit_f = cli_open_output(cmd, junit_path))) { cli_discard_output(json_f); rc = cli_output_failure(); goto out; }
     if (html_path && !(html_f = cli_open_output(cmd, html_path))) {
         cli_discard_output(json_f), cli_discard_output(junit_f);
-        rc = FP4D_EXIT_INPUT;
+        rc = cli_output_failure();
         goto out;
     }
 

@@ -286,7 +286,7 @@ int cmd_probe(int argc, char **argv)
     FILE *json_out = NULL;
     if (json_path) {
         json_out = cli_open_output(cmd, json_path);
-        if (!json_out) return FP4D_EXIT_INPUT;
+        if (!json_out) return cli_output_failure();
     }
     FILE *text_out = json_out == stdout ? stderr : stdout;
 

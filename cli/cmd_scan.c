@@ -2,10 +2,12 @@
  * cmd_scan.c - `fp4doctor scan` (checkpoint findings) and `fp4doctor replay` (one layer's
  * real weights through every backend). docs/cli.md, docs/scan.md.
  */
+#include <dirent.h>
 #include <errno.h>
 #include <libgen.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -42,20 +44,37 @@ typedef struct progress_state {
 /* True when writing json_path would overwrite a file the scan reads: the checkpoint file itself,
  * or, inside a checkpoint directory, a shard or one of the config files. A new report file next
  * to the shards is fine. */
+static bool read_by_scan(const char *name)
+{
+    size_t len = strlen(name);
+    return (len > 12 && !strcmp(name + len - 12, ".safetensors")) || !strcmp(name, "config.json") ||
+           !strcmp(name, "hf_quant_config.json") || !strcmp(name, "model.safetensors.index.json") ||
+           !strcmp(name, "SHA256SUMS");
+}
+
 static bool json_would_overwrite_input(const char *json_path, const char *ckpt_path)
 {
     if (cli_same_file(json_path, ckpt_path)) return true;
     char *dir_copy = strdup(json_path), *base_copy = strdup(json_path);
-    bool  read_by_scan = false;
-    if (dir_copy && base_copy && cli_same_file(dirname(dir_copy), ckpt_path)) {
-        const char *base = basename(base_copy);
-        size_t      len  = strlen(base);
-        read_by_scan     = (len > 12 && !strcmp(base + len - 12, ".safetensors")) || !strcmp(base, "config.json") ||
-                       !strcmp(base, "hf_quant_config.json") || !strcmp(base, "model.safetensors.index.json");
-    }
+    bool  overwrites = false;
+    if (dir_copy && base_copy && cli_same_file(dirname(dir_copy), ckpt_path)) overwrites = read_by_scan(basename(base_copy));
     free(dir_copy);
     free(base_copy);
-    return read_by_scan;
+    /* A report that exists already may be another name of a file the scan reads - a symbolic
+     * or hard link made elsewhere - and is written through in place: it emptied that shard or
+     * config before the scan read it, then held the report. Compared by identity with each
+     * file of the checkpoint folder the scan reads. */
+    struct stat report;
+    DIR *d = !overwrites && stat(json_path, &report) == 0 ? opendir(ckpt_path) : NULL;
+    for (struct dirent *e; d && !overwrites && (e = readdir(d));) {
+        if (!read_by_scan(e->d_name)) continue;
+        char *member = NULL;
+        if (asprintf(&member, "%s/%s", ckpt_path, e->d_name) < 0) break;
+        overwrites = cli_same_file(json_path, member);
+        free(member);
+    }
+    if (d) closedir(d);
+    return overwrites;
 }
 
 static void draw_progress(void *user, uint64_t done, uint64_t total)
@@ -113,15 +132,15 @@ int cmd_scan(int argc, char **argv)
         }
     }
     if (!path) return cli_fail(FP4D_EXIT_USAGE, cmd, "expected a checkpoint PATH (see fp4doctor scan --help)");
-    bool json_stdout = json_path && !strcmp(json_path, "-");
     FILE *json_out = NULL;
     if (json_path) {
-        if (!json_stdout && json_would_overwrite_input(json_path, path))
+        if (!cli_path_is_stdout(json_path) && json_would_overwrite_input(json_path, path))
             return cli_fail(FP4D_EXIT_USAGE, cmd, "--json '%s' would overwrite a file of the checkpoint being scanned", json_path);
         /* Opened before the scan, so an unwritable path fails at once rather than after it. */
         json_out = cli_open_output(cmd, json_path);
-        if (!json_out) return FP4D_EXIT_INPUT;
+        if (!json_out) return cli_output_failure();
     }
+    const bool json_stdout = json_out == stdout;
     progress_state ps = {0};
     if (isatty(fileno(stderr))) {
         ps.start_s = fp4d_now_s();

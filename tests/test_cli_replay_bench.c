@@ -422,6 +422,47 @@ static void test_replay_tensor_parallel_shard(void **state)
     assert_true(output_contains("stdout.txt", "at --tp 8 each rank holds K = 16, not a multiple of 32"));
 }
 
+/* scan --json LINK, LINK a symbolic or hard link made outside the folder to one of its shards
+ * or configs, wrote the report through the link: the shard was emptied before the scan read it
+ * (FILE_TRUNCATED) and then held the report. Refused now, the files as they were. */
+static void test_scan_report_never_overwrites_the_checkpoint(void **state)
+{
+    (void)state;
+    generate("linked", FP4D_CKPT_MODELOPT_NVFP4, 0, NULL);
+    char shard[512], config[512];
+    snprintf(shard, sizeof shard, "%s/%s", path_of("linked"), indexed_shard("linked", LAYER ".weight"));
+    snprintf(config, sizeof config, "%s/config.json", path_of("linked"));
+    size_t shard_len = 0, config_len = 0;
+    char *shard_before = tu_slurp(shard, &shard_len), *config_before = tu_slurp(config, &config_len);
+    assert_non_null(shard_before);
+    assert_non_null(config_before);
+    assert_int_equal(symlink(shard, path_of("soft.json")), 0);
+    assert_int_equal(link(config, path_of("hard.json")), 0);
+    const char *reports[] = {"soft.json", "hard.json"};
+    for (size_t i = 0; i < 2; i++) {
+        assert_int_equal(run_cli("scan '%s' --json '%s'", path_of("linked"), path_of(reports[i])), 2);
+        assert_true(output_contains("stderr.txt", "would overwrite a file of the checkpoint being scanned"));
+    }
+    size_t len = 0;
+    char *now = tu_slurp(shard, &len);
+    assert_true(len == shard_len && !memcmp(now, shard_before, len));
+    free(now);
+    now = tu_slurp(config, &len);
+    assert_true(len == config_len && !memcmp(now, config_before, len));
+    free(now);
+    free(shard_before);
+    free(config_before);
+    /* a report elsewhere still works; /dev/stdout is stdout, the report alone on it */
+    assert_int_equal(run_cli("scan '%s' --json '%s'", path_of("linked"), path_of("fresh.json")), 0);
+    assert_int_equal(run_cli("scan '%s' --json /dev/stdout", path_of("linked")), 0);
+    json_error_t err;
+    json_t *j = json_load_file(path_of("stdout.txt"), 0, &err);
+    if (!j) fail_msg("scan --json /dev/stdout: stdout is not the JSON report: %s", err.text);
+    json_decref(j);
+    assert_int_equal(run_cli("scan '%s' --json ''", path_of("linked")), 2);
+    assert_int_equal(output_size("stdout.txt"), 0);
+}
+
 /* A plugin that cannot be loaded (FP4DOCTOR_PLUGINS) is an unreadable input, 3, as in backends
  * and check; replay said 4, fp4doctor's own failure. */
 static void test_replay_plugin_unloadable(void **state)
@@ -569,6 +610,7 @@ int main(void)
         cmocka_unit_test(test_replay_unindexed_files),
         cmocka_unit_test(test_replay_unusable_index),
         cmocka_unit_test(test_replay_tensor_parallel_shard),
+        cmocka_unit_test(test_scan_report_never_overwrites_the_checkpoint),
         cmocka_unit_test(test_replay_plugin_unloadable),
         cmocka_unit_test(test_replay_timeout_grows_with_work),
         cmocka_unit_test(test_bench_huge_shape_skipped),

@@ -387,6 +387,60 @@ static void test_two_reports_one_destination_is_a_usage_error(void **state)
     drop(dir);
 }
 
+/* --json /dev/stdout (or /proc/self/fd/1) with stdout redirected to a file opened a second
+ * descriptor at offset 0 and wrote the JSON over the text report: a file that was neither, exit
+ * 0. It is stdout now, as "-" is (the text goes to stderr). An empty report name was found
+ * out only after the whole run; now it is a usage error before anything runs. */
+static void test_report_on_stdout_by_any_name(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/fp4d_reportsXXXXXX";
+    scratch(dir);
+    const char *names[] = {"/dev/stdout", "/proc/self/fd/1"};
+    char path[600];
+    for (size_t i = 0; i < 2; i++) {
+        assert_int_equal(run("cd '%s' && '%s' check --suite quick --backend ref --case m1.n192 --no-cache --json %s "
+                             ">out.json 2>err.txt",
+                             dir, bin(), names[i]),
+                         0);
+        snprintf(path, sizeof path, "%s/out.json", dir);
+        json_error_t err;
+        json_t *j = json_load_file(path, 0, &err);
+        if (!j) fail_msg("check --json %s: stdout is not the JSON report: %s", names[i], err.text);
+        json_decref(j);
+        snprintf(path, sizeof path, "%s/err.txt", dir);
+        char *e = tu_slurp(path, NULL);
+        assert_non_null(e);
+        assert_non_null(strstr(e, "recommended:")); /* the text report, on stderr */
+        free(e);
+    }
+    assert_int_equal(run("cd '%s' && '%s' bench --backend cpu --shapes 256x256 --m 1 --repeats 1 --no-moe --no-quantize "
+                         "--json /dev/stdout >bench.json 2>/dev/null",
+                         dir, bin()),
+                     0);
+    snprintf(path, sizeof path, "%s/bench.json", dir);
+    json_error_t err;
+    json_t *j = json_load_file(path, 0, &err);
+    if (!j) fail_msg("bench --json /dev/stdout: stdout is not the JSON report: %s", err.text);
+    json_decref(j);
+    /* an empty name: refused before the run, nothing on stdout */
+    const char *empty[] = {"check --suite quick --backend ref --case m1.n192 --no-cache --json ''",
+                           "check --suite quick --backend ref --case m1.n192 --no-cache --html=",
+                           "bench --backend cpu --shapes 256x256 --m 1 --repeats 1 --no-moe --no-quantize --json ''"};
+    for (size_t i = 0; i < 3; i++) {
+        assert_int_equal(run("cd '%s' && '%s' %s >out.txt 2>err.txt", dir, bin(), empty[i]), 2);
+        snprintf(path, sizeof path, "%s/out.txt", dir);
+        size_t len = 1;
+        free(tu_slurp(path, &len));
+        assert_int_equal(len, 0);
+        snprintf(path, sizeof path, "%s/err.txt", dir);
+        char *e = tu_slurp(path, NULL);
+        assert_non_null(strstr(e, "cannot be an empty name"));
+        free(e);
+    }
+    drop(dir);
+}
+
 /* A report path naming a plugin library the run loads (--plugin, FP4DOCTOR_PLUGINS) replaced the
  * library with the report, exit 0. Now a usage error, and the library is left as it was. */
 static void test_report_never_replaces_a_plugin(void **state)
@@ -459,6 +513,7 @@ int main(void)
         cmocka_unit_test(test_hostile_plugin_words_stay_text),
         cmocka_unit_test(test_bench_json_non_finite_numbers_are_null),
         cmocka_unit_test(test_two_reports_one_destination_is_a_usage_error),
+        cmocka_unit_test(test_report_on_stdout_by_any_name),
         cmocka_unit_test(test_report_never_replaces_a_plugin),
         cmocka_unit_test(test_unloadable_plugin_is_unreadable_input),
     };
