@@ -24,6 +24,7 @@
 #include "backend/verdict_cache.h"
 #include "fp4doctor/plugin.h"
 #include "fp4doctor/ref.h"
+#include "env_knob.h"
 #include "internal.h"
 #include "out_elem.h"
 
@@ -513,6 +514,12 @@ fp4d_status fp4d_plugin_load(const char *path)
 
 /* ---- initialisation ---------------------------------------------------------------------- */
 
+/* FP4DOCTOR_INCLUDE_FAULTY=1 only: read as "not 0, false or no", a value such as "off" turned
+ * the faulty backends on in silence, and `check` then failed (exit 1) on backends never asked
+ * for. Anything but 0 or 1 is now ignored with a warning naming the variable. */
+static bool faulty_from_env(void) { return fp4d_env_knob("FP4DOCTOR_INCLUDE_FAULTY", 0, 1, 0) == 1; }
+
+/* FP4DOCTOR_DEBUG: anything but empty, 0, false or no (it only adds lines on stderr) */
 static bool env_is_true(const char *name)
 {
     const char *v = getenv(name);
@@ -537,7 +544,7 @@ fp4d_status fp4d_registry_init(const fp4d_registry_options *opt)
 #endif
         atomic_store(&builtins_done, true);
     }
-    bool faulty = (opt && opt->include_faulty) || env_is_true("FP4DOCTOR_INCLUDE_FAULTY");
+    bool faulty = (opt && opt->include_faulty) || faulty_from_env();
     if (st == FP4D_STATUS_OK && faulty && !faulty_registered) {
         faulty_registered = true;
         for (size_t i = 0; i < fp4d_faulty_backend_count() && st == FP4D_STATUS_OK; i++)

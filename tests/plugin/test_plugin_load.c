@@ -163,6 +163,17 @@ static void test_cli_backends_json(void **state)
     assert_non_null(strstr(out, "cpu"));
     assert_null(strstr(out, "faulty-"));
     free(out);
+    /* FP4DOCTOR_INCLUDE_FAULTY=1 turns them on; a value such as "off" turned them on too, in
+     * silence (check then failed on backends never asked for): ignored now, with a warning */
+    const char *values[][2] = {{"1", "faulty-"}, {"0", NULL}, {"off", NULL}, {"yes", NULL}};
+    for (size_t i = 0; i < 4; i++) {
+        snprintf(cmd, sizeof cmd, "FP4DOCTOR_INCLUDE_FAULTY=%s '%s' backends 2>&1", values[i][0], bin);
+        assert_int_equal(tu_run_capture(cmd, &out), 0);
+        if (values[i][1]) assert_non_null(strstr(out, values[i][1]));
+        else assert_null(strstr(out, "faulty-"));
+        if (i >= 2) assert_non_null(strstr(out, "ignoring FP4DOCTOR_INCLUDE_FAULTY"));
+        free(out);
+    }
 }
 
 static void test_cli_backends_errors(void **state)
