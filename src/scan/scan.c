@@ -2669,6 +2669,12 @@ fp4d_status fp4d_scan_path(const char *path, const fp4d_scan_options *opt, fp4d_
      * and exiting 1 blamed the user's weights for a wrong path (docs/cli.md). A file named
      * *.safetensors, or one that begins like one, is scanned and its damage reported. */
     if (S_ISREG(sb.st_mode)) {
+        /* A file given alone that cannot be opened is input we could not read (3), said with
+         * the system's reason: it was a HEADER_INVALID finding (exit 1) when named .safetensors,
+         * and "not a safetensors file" otherwise. */
+        const int fd = open(path, O_RDONLY | O_CLOEXEC);
+        FP4D_RETURN_ERROR_IF(fd < 0, IO, "cannot read '%s': %s", path, strerror(errno));
+        close(fd);
         size_t len = strlen(path);
         bool named = len >= 12 && !strcmp(path + len - 12, ".safetensors");
         FP4D_RETURN_ERROR_IF(!named && !begins_like_safetensors(path), IO,

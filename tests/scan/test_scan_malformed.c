@@ -378,6 +378,24 @@ static void test_folders(void **s)
     assert_int_equal(fp4d_scan_path(dir, NULL, &r), FP4D_STATUS_NOT_FOUND);
     assert_null(r);
     assert_int_equal(fp4d_scan_path("/nonexistent/fp4doctor", NULL, &r), FP4D_STATUS_NOT_FOUND);
+    /* A file given alone that cannot be opened: IO (exit 3) with the system's reason, whatever
+     * its name; it was a HEADER_INVALID finding, or "not a safetensors file". Root opens a
+     * mode-000 file, so only other users can see this. */
+    if (geteuid() != 0) {
+        static const char *const names[] = {"locked.safetensors", "locked.bin"};
+        for (size_t i = 0; i < 2; i++) {
+            char locked[4200];
+            snprintf(locked, sizeof locked, "%s/%s", tmpdir, names[i]);
+            FILE *lf = fopen(locked, "w");
+            assert_non_null(lf);
+            assert_int_equal(fclose(lf), 0);
+            assert_int_equal(chmod(locked, 0), 0);
+            assert_int_equal(fp4d_scan_path(locked, NULL, &r), FP4D_STATUS_IO);
+            assert_null(r);
+            assert_contains(fp4d_last_error(), strerror(EACCES));
+            assert_int_equal(unlink(locked), 0);
+        }
+    }
     /* An index that names files that are not there. */
     snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
     FILE *f = fopen(path, "w");
