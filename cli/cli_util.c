@@ -267,6 +267,7 @@ int cli_close_output(FILE *f)
     if (!ok && p) rc = cli_fail(FP4D_EXIT_INPUT, p->cmd, "cannot write '%s': %s", p->path, strerror(err));
     else if (!ok) rc = cli_fail(FP4D_EXIT_INPUT, stdout_cmd, "cannot write %s: %s", f == stdout ? "standard output" : "a report",
                                 strerror(err));
+    if (!ok && f == stdout) clearerr(stdout); /* said here: main's last check must not say it again */
     if (p) forget_pending(p);
     return rc;
 }

@@ -87,15 +87,15 @@ static int dispatch(int argc, char **argv)
 
 /* What a command printed must have reached standard output: into a closed pipe or a full disk
  * it did not, and a report not written completely is exit 3, as for report files (docs/cli.md).
- * A command that already failed has said why; its exit code stands. */
+ * The loss is said whatever the exit code (a run that failed - exit 1 - lost its verdicts in
+ * silence); a command that already failed keeps its exit code. */
 static int stdout_written(int rc, const char *cmd /* NULL: none */)
 {
     errno = 0;
     if (fflush(stdout) == 0 && !ferror(stdout)) return rc;
     const int err = errno ? errno : EIO;
-    if (rc != FP4D_EXIT_OK) return rc;
     fprintf(stderr, "fp4doctor%s%s: cannot write standard output: %s\n", cmd ? " " : "", cmd ? cmd : "", strerror(err));
-    return FP4D_EXIT_INPUT;
+    return rc != FP4D_EXIT_OK ? rc : FP4D_EXIT_INPUT;
 }
 
 int main(int argc, char **argv)

@@ -685,6 +685,20 @@ static void test_report_replaced_only_when_complete(void **state)
         assert_true(WIFEXITED(rc));
         assert_int_equal(WEXITSTATUS(rc), 3);
         assert_true(output_contains("stderr.txt", "cannot write standard output"));
+        /* a run that failed (exit 1) lost its verdicts in silence; said now, once, exit 1 kept */
+        snprintf(cmd, sizeof cmd,
+                 "'%s' check --include-faulty --backend ref,faulty-zeros --suite quick --case m1.n192 --no-cache "
+                 ">/dev/full 2>'%s'",
+                 bin, path_of("stderr.txt"));
+        const int failed = system(cmd);
+        assert_true(WIFEXITED(failed));
+        assert_int_equal(WEXITSTATUS(failed), 1);
+        char *err = tu_slurp(path_of("stderr.txt"), NULL);
+        assert_non_null(err);
+        const char *first = strstr(err, "cannot write standard output");
+        assert_non_null(first);
+        assert_null(strstr(first + 1, "cannot write standard output"));
+        free(err);
     }
 }
 
