@@ -96,9 +96,13 @@ int cmd_scan(int argc, char **argv)
 {
     const char *cmd = argv[0], *path = NULL, *json_path = NULL;
     fp4d_scan_options opt = {0};
+    bool end_of_options = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+        if (end_of_options) {
+            if (path) return cli_fail(FP4D_EXIT_USAGE, cmd, "one PATH only (got '%s' and '%s')", path, a);
+            path = a;
+        } else if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             scan_usage(stdout);
             return FP4D_EXIT_OK;
         } else if (!strcmp(a, "--scales-only")) {
@@ -123,6 +127,8 @@ int cmd_scan(int argc, char **argv)
             if (!cli_parse_u64(argv[i], &n) || n < 1 || n > 1024)
                 return cli_fail(FP4D_EXIT_USAGE, cmd, "--tp: '%s' is not a number in 1..1024", argv[i]);
             opt.tensor_parallel = (int)n;
+        } else if (!strcmp(a, "--")) {
+            end_of_options = true; /* what follows is PATH, even if it begins with '-' */
         } else if (a[0] == '-' && a[1]) {
             return cli_fail(FP4D_EXIT_USAGE, cmd, "unknown option '%s' (see fp4doctor scan --help)", a);
         } else if (!path) {
@@ -198,9 +204,15 @@ int cmd_replay(int argc, char **argv)
     bool rank_given = false;
     opt.rows = 16;
     opt.seed = 1;
+    bool end_of_options = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+        if (end_of_options) {
+            if (opt.checkpoint) return cli_fail(FP4D_EXIT_USAGE, cmd, "one CHECKPOINT only");
+            opt.checkpoint = a;
+        } else if (!strcmp(a, "--")) {
+            end_of_options = true; /* what follows is CHECKPOINT, even if it begins with '-' */
+        } else if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             replay_usage(stdout);
             return FP4D_EXIT_OK;
         } else if (!strcmp(a, "--layer")) {

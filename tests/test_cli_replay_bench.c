@@ -189,6 +189,9 @@ static void test_replay_backend_list_checked(void **state)
     assert_int_equal(run_cli("replay '%s' --layer " LAYER " --backend cpu,", path_of("mo")), 2);
     assert_true(output_contains("stderr.txt", "empty name"));
     assert_int_equal(run_cli("replay '%s' --layer " LAYER " --backend ,cpu", path_of("mo")), 2);
+    assert_int_equal(run_cli("replay '%s' --layer " LAYER " --backend cpu,ref,cpu", path_of("mo")), 2);
+    assert_true(output_contains("stderr.txt", "names 'cpu' twice"));
+    assert_int_equal(output_size("stdout.txt"), 0);
     assert_int_equal(run_cli("replay '%s' --layer ''", path_of("mo")), 2);
     /* a good list still runs, and a faulty backend named in it still fails */
     assert_int_equal(run_cli("replay '%s' --layer " LAYER " --backend cpu", path_of("mo")), 0);
@@ -459,6 +462,11 @@ static void test_scan_report_never_overwrites_the_checkpoint(void **state)
     json_t *j = json_load_file(path_of("stdout.txt"), 0, &err);
     if (!j) fail_msg("scan --json /dev/stdout: stdout is not the JSON report: %s", err.text);
     json_decref(j);
+    /* "--" ends the options of scan and replay, as of the other commands */
+    assert_int_equal(run_cli("scan --json '%s' -- '%s'", path_of("fresh.json"), path_of("linked")), 0);
+    assert_int_equal(run_cli("replay --layer " LAYER " --backend cpu -- '%s'", path_of("linked")), 0);
+    assert_true(output_contains("stdout.txt", "PASS"));
+    assert_int_equal(run_cli("scan -- '%s' '%s'", path_of("linked"), path_of("mo")), 2);
     assert_int_equal(run_cli("scan '%s' --json ''", path_of("linked")), 2);
     assert_int_equal(output_size("stdout.txt"), 0);
 }

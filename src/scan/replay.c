@@ -745,6 +745,15 @@ static bool backends_valid(const char *list)
             fprintf(stderr, "fp4doctor replay: --backend: unknown backend '%s' (see fp4doctor backends)\n", name);
             return false;
         }
+        /* each name once, as check and bench take them (the second was dropped in silence) */
+        for (const char *q = list; q < p;) {
+            const char *qc = strchr(q, ',');
+            if ((size_t)(qc - q) == k && !strncmp(q, p, k)) {
+                fprintf(stderr, "fp4doctor replay: --backend names '%s' twice\n", name);
+                return false;
+            }
+            q = qc + 1;
+        }
         if (!c) return true;
         p = c + 1;
     }

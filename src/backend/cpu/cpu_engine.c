@@ -16,6 +16,8 @@
 #include <errno.h>
 #include <math.h>
 #include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -61,9 +63,17 @@ fp4d_cpu_isa fp4d_cpu_isa_detect(void)
     /* FP4DOCTOR_CPU_ISA can only lower the choice: asking for more than the CPU has
      * would crash with SIGILL. */
     const char *want = getenv("FP4DOCTOR_CPU_ISA");
-    if (want && *want)
-        for (int i = 0; i < FP4D_CPU_ISA_COUNT; i++)
-            if (!strcmp(want, fp4d_cpu_isa_name((fp4d_cpu_isa)i)) && i < (int)best) best = (fp4d_cpu_isa)i;
+    bool known = !want || !*want;
+    for (int i = 0; !known && i < FP4D_CPU_ISA_COUNT; i++)
+        if (!strcmp(want, fp4d_cpu_isa_name((fp4d_cpu_isa)i))) {
+            known = true;
+            if (i < (int)best) best = (fp4d_cpu_isa)i;
+        }
+    /* a typo ran the best kernels in silence, as if the variable were unset: said once */
+    static atomic_flag warned = ATOMIC_FLAG_INIT;
+    if (!known && !atomic_flag_test_and_set(&warned))
+        fprintf(stderr, "fp4doctor: ignoring FP4DOCTOR_CPU_ISA=%.40s (expected generic, avx2 or avx512); using %s\n",
+                want, fp4d_cpu_isa_name(best));
     return best;
 }
 
