@@ -111,9 +111,12 @@ static int run_backend(const char *cmd, const char **backend_io, int device, con
         fp4d_gemm_desc d;
         fp4d_reason why = {{0}};
         fp4d_gemm_describe(p, &d);
-        if (fp4d_backend_choose_auto(&d, backend_io, &why) != FP4D_STATUS_OK)
-            return cli_fail(FP4D_EXIT_FAILED, cmd, "auto found no backend for this GEMM: %s",
-                            why.text[0] ? why.text : fp4d_last_error());
+        const fp4d_status chosen = fp4d_backend_choose_auto(&d, backend_io, &why);
+        /* FP4DOCTOR_BACKEND naming no backend is a mistake in how fp4doctor was asked, as an
+         * unknown --backend is (2); it read as a backend that failed (1) */
+        if (chosen != FP4D_STATUS_OK)
+            return cli_fail(chosen == FP4D_STATUS_NOT_FOUND ? FP4D_EXIT_USAGE : FP4D_EXIT_FAILED, cmd,
+                            "auto found no backend for this GEMM: %s", why.text[0] ? why.text : fp4d_last_error());
     }
     const char *backend = *backend_io;
     if (!fp4d_registry_find(backend)) {

@@ -358,6 +358,14 @@ static void test_gemm_ref_and_verify(void **state)
     unsetenv("FP4DOCTOR_BACKEND");
     unsetenv("FP4DOCTOR_DEBUG");
     assert_true(output_contains("stderr.txt", "FP4DOCTOR_BACKEND"));
+    /* a forced name that is no backend is a usage error, as an unknown --backend is; it was 1,
+     * as if a backend had failed */
+    setenv("FP4DOCTOR_BACKEND", "no-such-backend", 1);
+    assert_int_equal(run_cli("gemm --backend auto '%s:model.act' '%s:model.w' '%s'", path_of("g_q.safetensors"),
+                             path_of("g_q.safetensors"), path_of("auto_bad.safetensors")),
+                     2);
+    unsetenv("FP4DOCTOR_BACKEND");
+    assert_true(output_contains("stderr.txt", "FP4DOCTOR_BACKEND=no-such-backend names no registered backend"));
     fo = fp4d_st_open(path_of("auto_out.safetensors"), NULL);
     assert_non_null(fo);
     assert_string_equal(fp4d_st_metadata(fo, "fp4doctor.backend"), "ref");
