@@ -141,6 +141,13 @@ int cmd_check(int argc, char **argv)
             goto out;
         }
     }
+    /* --list-cases runs nothing, so it writes no report: a --json beside it was dropped in
+     * silence, and a script waiting for the file found none */
+    if (list_cases && (json_path || junit_path || html_path)) {
+        rc = cli_fail(FP4D_EXIT_USAGE, cmd, "--list-cases prints the cases and runs nothing: %s has no report to write",
+                      json_path ? "--json" : junit_path ? "--junit" : "--html");
+        goto out;
+    }
     /* Two reports into one destination: on stdout ("-") they came out interleaved, neither
      * valid JSON nor XML, with exit 0; into one file the last rename won in silence. By file,
      * not by text: "r.json" and "./r.json", "-" and /dev/stdout are one destination. */

@@ -762,6 +762,12 @@ static void test_cli_usage_errors(void **state)
         if (!strstr(line, ".m1.") && !strstr(line, "k4096")) fail_msg("--list-cases listed an unselected case: %s", line);
     assert_true(n_listed >= 2);
     free(listed);
+    /* with a report it is a usage error: nothing runs, and a --json was dropped in silence */
+    snprintf(cmd, sizeof cmd, "'%s' check --suite quick --list-cases --json /tmp/fp4d-never-written.json 2>&1", bin());
+    assert_int_equal(tu_run_capture(cmd, &listed), 2);
+    assert_non_null(strstr(listed, "--json has no report to write"));
+    free(listed);
+    assert_int_not_equal(access("/tmp/fp4d-never-written.json", F_OK), 0);
     snprintf(cmd, sizeof cmd, "'%s' env --json", bin());
     char *out = NULL;
     rc = tu_run_capture(cmd, &out);
