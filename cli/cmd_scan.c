@@ -41,9 +41,7 @@ typedef struct progress_state {
     bool            drawn;
 } progress_state;
 
-/* True when writing json_path would overwrite a file the scan reads: the checkpoint file itself,
- * or, inside a checkpoint directory, a shard or one of the config files. A new report file next
- * to the shards is fine. */
+/* A file of a checkpoint folder that the scan reads, by its name there. */
 static bool read_by_scan(const char *name)
 {
     size_t len = strlen(name);
@@ -52,6 +50,9 @@ static bool read_by_scan(const char *name)
            !strcmp(name, "SHA256SUMS");
 }
 
+/* True when writing json_path would overwrite a file the scan reads: the checkpoint file itself,
+ * or, inside a checkpoint directory, a shard or one of the config files. A new report file next
+ * to the shards is fine. */
 static bool json_would_overwrite_input(const char *json_path, const char *ckpt_path)
 {
     if (cli_same_file(json_path, ckpt_path)) return true;
