@@ -484,9 +484,8 @@ static int layer_shard(replay_layer *L, int tp, int rank, char *why, size_t why_
     snprintf(L->shard, sizeof L->shard, "rank %d of --tp %d: [%lld x %lld], split %s", rank, tp, (long long)rn,
              (long long)rk, how);
     if (problem == SCAN_TP_PADDED_SCALES)
-        snprintf(note, note_n, "each rank's K = %lld is not a multiple of 32, so its block-scale rows end in a padded "
-                 "column; FlashInfer's CUTLASS and cuDNN NVFP4 linear kernels read stale memory there under "
-                 "torch.compile (vLLM #48898: garbage at TP 8, Marlin correct)", (long long)rk);
+        snprintf(note, note_n, "each rank's K = %lld is not a multiple of 32, so its " SCAN_TP_PADDED_SCALES_WHY,
+                 (long long)rk);
     return FP4D_EXIT_OK;
 }
 

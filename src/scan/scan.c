@@ -1717,9 +1717,7 @@ static fp4d_status check_tp_shards(scan_ctx *c)
         else
             st = add_finding(c, FP4D_FINDING_TP_SHARD, FP4D_SCAN_WARNING, w->name, file_rel(c, w->file), 1,
                              "%s has K = %lld: at --tp %d each rank holds K = %lld, not a multiple of 32, so each "
-                             "rank's block-scale rows end in a padded column; FlashInfer's CUTLASS and cuDNN NVFP4 "
-                             "linear kernels read stale memory there under torch.compile (vLLM #48898: garbage at "
-                             "TP8, Marlin correct). Prefer a Marlin linear backend at this TP degree, or one that "
+                             "rank's " SCAN_TP_PADDED_SCALES_WHY ". Prefer a Marlin linear backend at this TP degree, or one that "
                              "keeps K / tp a multiple of 32", w->name, d, tp, per);
         FP4D_FORWARD_IF_ERROR(st);
     }

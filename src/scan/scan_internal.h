@@ -94,6 +94,11 @@ typedef enum scan_tp_problem {
                             * padded column (vLLM #48898); runs, but some kernels misread it */
 } scan_tp_problem;
 
+/* What SCAN_TP_PADDED_SCALES does, in the words scan's TP_SHARD warning and replay's note share. */
+#define SCAN_TP_PADDED_SCALES_WHY                                                                   \
+    "block-scale rows end in a padded column; FlashInfer's CUTLASS and cuDNN NVFP4 linear kernels " \
+    "read stale memory there under torch.compile (vLLM #48898: garbage at TP 8, Marlin correct)"
+
 /* The problem of one rank's shard of an n x k matrix of `block`-element scale blocks. */
 scan_tp_problem scan_tp_shard(int64_t n, int64_t k, int64_t block, bool is_mx, bool row_parallel, int tp);
 

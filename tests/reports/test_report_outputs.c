@@ -53,6 +53,17 @@ static int run(const char *fmt, ...)
     return rc;
 }
 
+/* dir/name holds one JSON document; fails naming `what` (the command that wrote it) if not. */
+static void assert_json_file(const char *dir, const char *name, const char *what)
+{
+    char path[600];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    json_error_t err;
+    json_t *j = json_load_file(path, 0, &err);
+    if (!j) fail_msg("%s: stdout is not the JSON report: %s", what, err.text);
+    json_decref(j);
+}
+
 /* How many times needle occurs in [from, to). */
 static size_t count_between(const char *from, const char *to, const char *needle)
 {
@@ -379,11 +390,7 @@ static void test_two_reports_one_destination_is_a_usage_error(void **state)
                          ">out.json 2>/dev/null",
                          dir, bin()),
                      0);
-    snprintf(path, sizeof path, "%s/out.json", dir);
-    json_error_t err;
-    json_t *j = json_load_file(path, 0, &err);
-    if (!j) fail_msg("stdout is not the JSON report: %s", err.text);
-    json_decref(j);
+    assert_json_file(dir, "out.json", "check --json - --junit r.xml");
     drop(dir);
 }
 
@@ -403,11 +410,7 @@ static void test_report_on_stdout_by_any_name(void **state)
                              ">out.json 2>err.txt",
                              dir, bin(), names[i]),
                          0);
-        snprintf(path, sizeof path, "%s/out.json", dir);
-        json_error_t err;
-        json_t *j = json_load_file(path, 0, &err);
-        if (!j) fail_msg("check --json %s: stdout is not the JSON report: %s", names[i], err.text);
-        json_decref(j);
+        assert_json_file(dir, "out.json", names[i]);
         snprintf(path, sizeof path, "%s/err.txt", dir);
         char *e = tu_slurp(path, NULL);
         assert_non_null(e);
@@ -418,11 +421,7 @@ static void test_report_on_stdout_by_any_name(void **state)
                          "--json /dev/stdout >bench.json 2>/dev/null",
                          dir, bin()),
                      0);
-    snprintf(path, sizeof path, "%s/bench.json", dir);
-    json_error_t err;
-    json_t *j = json_load_file(path, 0, &err);
-    if (!j) fail_msg("bench --json /dev/stdout: stdout is not the JSON report: %s", err.text);
-    json_decref(j);
+    assert_json_file(dir, "bench.json", "bench --json /dev/stdout");
     /* an empty name: refused before the run, nothing on stdout */
     const char *empty[] = {"check --suite quick --backend ref --case m1.n192 --no-cache --json ''",
                            "check --suite quick --backend ref --case m1.n192 --no-cache --html=",
