@@ -425,6 +425,50 @@ static void test_replay_tensor_parallel_shard(void **state)
     assert_true(output_contains("stdout.txt", "at --tp 8 each rank holds K = 16, not a multiple of 32"));
 }
 
+/* Attention projections are cut by whole heads, as vLLM's QKVParallelLinear cuts them, when
+ * config.json gives the heads. hidden 256, head_dim 16: 16 query heads (q_proj [256 x 256]),
+ * 8 KV heads (k_proj [128 x 256]). At --tp 16 each rank holds one KV head of 16 rows, held
+ * alike by two ranks; cut by rows it would hold 8. A NaN scale planted in row 34 (KV head 2)
+ * therefore breaks ranks 4 and 5 both, and no other. Head counts no TP degree can share out
+ * are refused, by replay and by scan, though the rows would divide. */
+static void test_tensor_parallel_cuts_attention_by_head(void **state)
+{
+    (void)state;
+    fp4d_ckpt_gen_params p;
+    fp4d_ckpt_gen_defaults(&p, FP4D_CKPT_MODELOPT_NVFP4);
+    p.layers = 1, p.hidden = 256, p.head_dim = 16, p.intermediate = 256;
+    assert_int_equal(fp4d_ckpt_generate(path_of("heads"), &p), FP4D_STATUS_OK);
+    const char *kproj = "model.layers.0.self_attn.k_proj";
+    set_block_scale("heads", kproj, 34, 3, 0x7F);
+    for (int rank = 3; rank <= 6; rank++) {
+        assert_int_equal(run_cli("replay '%s' --layer %s --backend ref,cpu --tp 16 --rank %d", path_of("heads"), kproj,
+                                 rank), rank == 4 || rank == 5);
+        assert_true(output_contains("stdout.txt", "[16 x 256], KV head"));
+        assert_true(output_contains("stdout.txt", rank / 2 == 2 ? "KV head 2 of 8 (rows 32..47), held alike by ranks 4..5"
+                                                                : "(fewer KV heads than ranks)"));
+        assert_true(output_contains("stdout.txt", rank / 2 == 2 ? "1 of 256 block scales are NaN" : "PASS"));
+    }
+    /* 8 KV heads at --tp 4: two heads per rank, by rows as before */
+    assert_int_equal(run_cli("replay '%s' --layer %s --backend cpu --tp 4 --rank 1", path_of("heads"), kproj), 1);
+    assert_true(output_contains("stdout.txt", "rank 1 of --tp 4: [32 x 256], split along its output rows N"));
+    /* 16 query heads cannot be shared by 32 ranks (the 256 rows could), 8 KV heads not by 12 (the
+     * 128 rows could not either; the heads are what is said) */
+    assert_int_equal(run_cli("replay '%s' --layer model.layers.0.self_attn.q_proj --backend cpu --tp 32",
+                             path_of("heads")), 2);
+    assert_true(output_contains("stderr.txt", "config.json gives num_attention_heads = 16, which 32 tensor-parallel "
+                                              "ranks cannot share out (q_proj is cut by whole heads"));
+    assert_int_equal(output_size("stdout.txt"), 0);
+    assert_int_equal(run_cli("scan '%s' --tp 32", path_of("heads")), 1);
+    assert_true(output_contains("stdout.txt", "o_proj.weight: config.json gives num_attention_heads = 16"));
+    assert_false(output_contains("stdout.txt", "num_key_value_heads")); /* 8 KV heads, each on 4 of 32 ranks */
+    assert_int_equal(run_cli("scan '%s' --tp 12", path_of("heads")), 1);
+    assert_true(output_contains("stdout.txt", "k_proj.weight: config.json gives num_key_value_heads = 8, which 12"));
+    /* at --tp 16 the heads share out (the planted NaN scale is the one error) */
+    assert_int_equal(run_cli("scan '%s' --tp 16 --json '%s'", path_of("heads"), path_of("heads.json")), 1);
+    assert_false(output_contains("stdout.txt", "num_key_value_heads"));
+    assert_false(output_contains("stdout.txt", "num_attention_heads"));
+}
+
 /* scan --json LINK, LINK a symbolic or hard link made outside the folder to one of its shards
  * or configs, wrote the report through the link: the shard was emptied before the scan read it
  * (FILE_TRUNCATED) and then held the report. Refused now, the files as they were. */
@@ -618,6 +662,7 @@ int main(void)
         cmocka_unit_test(test_replay_unindexed_files),
         cmocka_unit_test(test_replay_unusable_index),
         cmocka_unit_test(test_replay_tensor_parallel_shard),
+        cmocka_unit_test(test_tensor_parallel_cuts_attention_by_head),
         cmocka_unit_test(test_scan_report_never_overwrites_the_checkpoint),
         cmocka_unit_test(test_replay_plugin_unloadable),
         cmocka_unit_test(test_replay_timeout_grows_with_work),

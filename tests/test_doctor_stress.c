@@ -93,15 +93,16 @@ static int setup(void **state)
     return 0;
 }
 
-/* The quick suite's stress case, with fewer instances and rounds where asked (> 0). */
-static fp4d_case quick_stress_case(int threads, int rounds, fp4d_dtype out_type)
+/* The quick suite's stress case of plain GEMMs (moe: of grouped ones), with fewer instances
+ * and rounds where asked (> 0). */
+static fp4d_case quick_stress_case_of(bool moe, int threads, int rounds, fp4d_dtype out_type)
 {
     fp4d_case *cases = NULL, found;
     size_t n = 0;
     assert_int_equal(fp4d_suite_cases(FP4D_SUITE_QUICK, &cases, &n), FP4D_STATUS_OK);
     size_t stress = 0, at = 0;
     for (size_t i = 0; i < n; i++)
-        if (cases[i].op == FP4D_CASE_STRESS) stress++, at = i;
+        if (cases[i].op == FP4D_CASE_STRESS && (cases[i].num_experts > 0) == moe) stress++, at = i;
     assert_int_equal(stress, 1);
     found = cases[at];
     free(cases);
@@ -111,6 +112,11 @@ static fp4d_case quick_stress_case(int threads, int rounds, fp4d_dtype out_type)
     if (rounds > 0) found.rounds = rounds;
     found.out_type = out_type;
     return found;
+}
+
+static fp4d_case quick_stress_case(int threads, int rounds, fp4d_dtype out_type)
+{
+    return quick_stress_case_of(false, threads, rounds, out_type);
 }
 
 static fp4d_case_result run(const char *backend, const fp4d_case *c)
@@ -128,6 +134,13 @@ static int64_t batch_rows(void)
 {
     int64_t rows = 0;
     for (size_t i = 0; i < fp4d_stress_m_count; i++) rows += fp4d_stress_m[i];
+    return rows;
+}
+
+static int64_t moe_batch_rows(void)
+{
+    int64_t rows = 0;
+    for (size_t i = 0; i < fp4d_stress_moe_rows_count; i++) rows += fp4d_stress_moe_rows[i];
     return rows;
 }
 
@@ -224,6 +237,77 @@ static void test_nondeterminism_and_failures_under_concurrency(void **state)
     assert_int_equal(atomic_load(&open_instances[S_SINGLETON]), 0); /* all closed again */
 }
 
+/* The MoE batch routes its rows over the experts as the MoE cases do: somewhere an empty
+ * expert, one of a few rows (the small-M paths), one of 65..127 rows (a second 64-row half
+ * tile) and one past a 128-row tile. */
+static void test_moe_batch_crosses_the_tiles(void **state)
+{
+    (void)state;
+    fp4d_case c = quick_stress_case_of(true, 0, 0, FP4D_DTYPE_BF16);
+    assert_true(c.num_experts > 1);
+    assert_int_equal(c.m, moe_batch_rows());
+    bool empty = false, few = false, half = false, past128 = false;
+    for (size_t i = 0; i < fp4d_stress_moe_rows_count; i++) {
+        fp4d_case g = c;
+        g.op = FP4D_CASE_GROUPED;
+        g.m = fp4d_stress_moe_rows[i];
+        g.threads = g.rounds = 0;
+        fp4d_case_data d;
+        assert_int_equal(fp4d_case_data_make(&g, 1, &d), FP4D_STATUS_OK);
+        assert_int_equal(d.num_b, c.num_experts);
+        assert_int_equal(d.offsets[d.num_b], g.m);
+        for (int32_t e = 0; e < d.num_b; e++) {
+            int64_t rows = d.offsets[e + 1] - d.offsets[e];
+            empty |= rows == 0;
+            few |= rows > 0 && rows <= 16;
+            half |= rows > 64 && rows < 128;
+            past128 |= rows > 128;
+        }
+        fp4d_case_data_free(&d);
+    }
+    assert_true(empty && few && half && past128);
+}
+
+/* The grouped batch on correct backends passes, every output judged; on faulty-concurrent the
+ * NaN tiles are named per expert and blamed on concurrency, while the same grouped GEMM
+ * alone passes; a backend without grouped GEMMs says so. */
+static void test_moe_stress(void **state)
+{
+    (void)state;
+    fp4d_case c = quick_stress_case_of(true, 0, 0, FP4D_DTYPE_BF16);
+    for (const char **name = (const char *[]){"cpu", "ref", NULL}; *name; name++) {
+        fp4d_case_result r = run(*name, &c);
+        if (r.verdict != FP4D_VERDICT_PASS) fail_msg("%s: %s: %s", *name, fp4d_verdict_name(r.verdict), r.detail);
+        assert_int_equal(r.elements_checked, moe_batch_rows() * c.n);
+    }
+
+    fp4d_case_result r = run("faulty-concurrent", &c);
+    assert_int_equal(r.verdict, FP4D_VERDICT_NAN);
+    assert_int_equal(r.cause, FP4D_CAUSE_CONCURRENCY);
+    assert_non_null(strstr(r.detail, "right alone, wrong with 4 instances at once"));
+    /* 600 rows over 8 experts: expert 2 has 193 rows, its last tile is rows 128..192 */
+    if (!strstr(r.detail, "M = 600 over 8 experts: rows expert 0: 0..108 (of 109); expert 2: 128..192 (of 193)"))
+        fail_msg("%s", r.detail);
+
+    fp4d_case alone = c;
+    alone.op = FP4D_CASE_GROUPED;
+    alone.m = 600;
+    alone.threads = alone.rounds = 0;
+    snprintf(alone.name, sizeof alone.name, "moe.alone.m600");
+    fp4d_case_result a = run("faulty-concurrent", &alone);
+    if (a.verdict != FP4D_VERDICT_PASS) fail_msg("alone: %s: %s", fp4d_verdict_name(a.verdict), a.detail);
+
+    /* wrong alone in one expert's second half tile: that cause stands */
+    r = run("faulty-tile-rows", &c);
+    assert_int_equal(r.verdict, FP4D_VERDICT_UNWRITTEN);
+    assert_int_equal(r.cause, FP4D_CAUSE_TILE_ROWS_MISSING);
+    assert_non_null(strstr(r.detail, "alone, before any concurrency, M = 200 over 8 experts:"));
+
+    r = run("t-exact", &c); /* plain GEMMs only */
+    assert_int_equal(r.verdict, FP4D_VERDICT_UNSUPPORTED);
+    assert_non_null(strstr(r.detail, "M = 1 over 8 experts: "));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -232,6 +316,8 @@ int main(void)
         cmocka_unit_test(test_overlap_fault_is_concurrency),
         cmocka_unit_test(test_wrong_alone_keeps_its_cause),
         cmocka_unit_test(test_nondeterminism_and_failures_under_concurrency),
+        cmocka_unit_test(test_moe_batch_crosses_the_tiles),
+        cmocka_unit_test(test_moe_stress),
     };
     return cmocka_run_group_tests(tests, setup, NULL);
 }

@@ -217,6 +217,10 @@ typedef struct fp4d_ckpt_gen_params {
     fp4d_ckpt_format format;     /* UNQUANTIZED writes a plain bf16 checkpoint */
     int32_t  layers;             /* default 2 */
     int32_t  hidden;             /* K of the attention projections; multiple of 32; default 64 */
+    int32_t  head_dim;           /* > 0: config.json gives head_dim and num_attention_heads = hidden /
+                                    head_dim (q_proj and o_proj), num_key_value_heads = hidden / 2 /
+                                    head_dim (k_proj and v_proj); must divide hidden / 2. 0 (default):
+                                    no head counts */
     int32_t  intermediate;       /* multiple of 32; default 128 */
     int32_t  experts;            /* 0 = dense MLP; gpt-oss needs >= 1 (default 4 there) */
     int32_t  shards;             /* default 2; 1 still writes an index */

@@ -91,7 +91,7 @@ static void faulty_free(void *ctx) { free(ctx); }
 static bool faulty_supports(void *ctx, const fp4d_gemm_desc *d, fp4d_reason *why)
 {
     const faulty_ctx *c = ctx;
-    if (d->num_experts > 0 && c->origin != FAULTY_TILE_ROWS) {
+    if (d->num_experts > 0 && c->origin != FAULTY_TILE_ROWS && c->origin != FAULTY_CONCURRENT) {
         snprintf(why->text, sizeof why->text, "this faulty backend reproduces a plain-GEMM failure only");
         return false;
     }
@@ -124,6 +124,30 @@ static void scales_as_ue8m0(fp4d_cpu_operand *op)
  * tile. Alone it is right. */
 static atomic_int   concurrent_in_flight;
 static atomic_ulong concurrent_begun;
+
+typedef struct concurrent_call {
+    unsigned long begun;
+    bool          overlapped;
+} concurrent_call;
+
+static void concurrent_enter(concurrent_call *cc)
+{
+    cc->begun = atomic_fetch_add(&concurrent_begun, 1) + 1;
+    cc->overlapped = atomic_fetch_add(&concurrent_in_flight, 1) > 0;
+}
+
+static void concurrent_leave(concurrent_call *cc)
+{
+    cc->overlapped = cc->overlapped || atomic_load(&concurrent_begun) != cc->begun;
+    atomic_fetch_sub(&concurrent_in_flight, 1);
+}
+
+/* NaN over the last 128-row tile of the `rows` output rows that start at row0. */
+static void nan_last_tile(fp4d_dtype t, void *out, int64_t row0, int64_t rows, int64_t n)
+{
+    for (int64_t r = rows > 0 ? (rows - 1) / NAN_TILE * NAN_TILE : 0; r < rows; r++)
+        for (int64_t col = 0; col < n; col++) fp4d_out_elem_set(t, out, (row0 + r) * n + col, NAN);
+}
 
 /* faulty-racy: a few elements move by a relative 1e-2, as a missing synchronisation
  * would let a neighbouring tile's partial sums leak in. */
@@ -230,17 +254,10 @@ static fp4d_status faulty_gemm(void *ctx, const fp4d_gemm_problem *p)
         FP4D_RETURN_ERROR_IF(!scratch, NOMEM, "%s: out of memory", "faulty-tile-rows");
         g.out = scratch;
     }
-    bool overlapped = false;
-    unsigned long begun = 0;
-    if (c->kind == FAULTY_CONCURRENT) {
-        begun = atomic_fetch_add(&concurrent_begun, 1) + 1;
-        overlapped = atomic_fetch_add(&concurrent_in_flight, 1) > 0;
-    }
+    concurrent_call cc = {0};
+    if (c->kind == FAULTY_CONCURRENT) concurrent_enter(&cc);
     fp4d_status st = fp4d_cpu_gemm_run(&g, c->isa, c->threads);
-    if (c->kind == FAULTY_CONCURRENT) {
-        overlapped = overlapped || atomic_load(&concurrent_begun) != begun;
-        atomic_fetch_sub(&concurrent_in_flight, 1);
-    }
+    if (c->kind == FAULTY_CONCURRENT) concurrent_leave(&cc);
     if (st != FP4D_STATUS_OK) {
         free(scratch);
         return st;
@@ -265,9 +282,7 @@ static fp4d_status faulty_gemm(void *ctx, const fp4d_gemm_problem *p)
         if (c->calls % 2 == 0) perturb_a_few(p->out_type, p->out, m * n);
         break;
     case FAULTY_CONCURRENT:
-        if (overlapped && m > 0)
-            for (int64_t r = (m - 1) / NAN_TILE * NAN_TILE; r < m; r++)
-                for (int64_t col = 0; col < n; col++) fp4d_out_elem_set(p->out_type, p->out, r * n + col, NAN);
+        if (cc.overlapped) nan_last_tile(p->out_type, p->out, 0, m, n);
         break;
     case FAULTY_OOB:
         /* An epilogue loop running to <= the end: the last value lands once more, one
@@ -285,6 +300,17 @@ static fp4d_status faulty_gemm(void *ctx, const fp4d_gemm_problem *p)
 static fp4d_status faulty_grouped_gemm(void *ctx, const fp4d_grouped_gemm_problem *p)
 {
     faulty_ctx *c = ctx;
+    if (c->kind == FAULTY_CONCURRENT) {
+        /* as in its gemm(), per expert: each expert's last 128-row tile of its own rows */
+        concurrent_call cc = {0};
+        concurrent_enter(&cc);
+        fp4d_status st = fp4d_cpu_run_grouped(p, c->isa, c->threads);
+        concurrent_leave(&cc);
+        for (int32_t e = 0; st == FP4D_STATUS_OK && cc.overlapped && e < p->num_experts; e++)
+            nan_last_tile(p->out_type, p->out, p->expert_offsets[e], p->expert_offsets[e + 1] - p->expert_offsets[e],
+                          p->b[0].rows);
+        return st;
+    }
     if (c->kind != FAULTY_TILE_ROWS) return fp4d_cpu_run_grouped(p, c->isa, c->threads); /* dormant */
     const int64_t rows = p->expert_offsets[p->num_experts], n = p->b[0].rows;
     const size_t  row_bytes = (size_t)n * fp4d_out_elem_size(p->out_type);
@@ -347,9 +373,9 @@ static const fp4d_backend_iface faulty_ifaces[FAULTY_COUNT] = {
                  "accumulates the dot products in bf16 instead of f32"),
     FAULTY_IFACE(FAULTY_RACY, "faulty-racy",
                  "every second call on an instance perturbs a few elements by 1e-2 (race, FI #2708 / SGLang #20047)"),
-    FAULTY_IFACE(FAULTY_CONCURRENT, "faulty-concurrent",
-                 "right alone; while another instance's call runs, NaN in the last 128-row output tile "
-                 "(FI #2708 / SGLang #20047: only under concurrency)"),
+    FAULTY_IFACE_GROUPED(FAULTY_CONCURRENT, "faulty-concurrent",
+                         "right alone; while another instance's call runs, NaN in the last 128-row output tile "
+                         "(per expert in grouped MoE GEMMs; FI #2708 / SGLang #20047: only under concurrency)"),
     FAULTY_IFACE(FAULTY_OOB, "faulty-oob",
                  "writes one element past the end of the output (vLLM #55456 scale writes past the allocation)"),
     FAULTY_IFACE(FAULTY_SEGV, "faulty-segv",

@@ -125,6 +125,9 @@ fp4d_status fp4d_run_stress_case(fp4d_backend_t b, const fp4d_case *c, uint64_t 
 /* The M of the GEMMs a stress case runs on each instance in each round, and how many. */
 extern const int64_t fp4d_stress_m[];
 extern const size_t  fp4d_stress_m_count;
+/* The same for a MoE stress case (num_experts > 0): rows of each grouped GEMM, all experts. */
+extern const int64_t fp4d_stress_moe_rows[];
+extern const size_t  fp4d_stress_moe_rows_count;
 
 /* Cases with one M that the M analyses, plots and speed comparisons may use. */
 static inline bool fp4d_case_has_m(const fp4d_case *c)

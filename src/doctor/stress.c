@@ -1,5 +1,6 @@
 /*
- * Stress cases: one batch of GEMMs on several instances of a backend at once.
+ * Stress cases: one batch of GEMMs, or of grouped MoE GEMMs, on several instances of a
+ * backend at once.
  *
  * Some FP4 kernels are right on every input and still wrong in production: a missing
  * wait between two kernels, a workspace shared by two streams, a cache keyed on something
@@ -16,6 +17,11 @@
  * alone, bit for bit. One that is not is judged against the exact result: beyond the
  * practical tolerance it is a failure with the cause `concurrency`; within it, the backend
  * is NONDETERMINISTIC under concurrency, as check calls two different runs anywhere.
+ *
+ * A MoE stress case (num_experts > 0) does the same with grouped GEMMs of fp4d_stress_moe_rows
+ * rows in all, routed over the experts as the suite's MoE cases route them: an engine serving
+ * many requests runs its MoE layer's grouped GEMM from several streams at once, and the
+ * per-expert tile bookkeeping of such kernels (FI PR #3533) is what a race would corrupt.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <math.h>
@@ -35,17 +41,27 @@
 const int64_t fp4d_stress_m[] = {1, 7, 17, 64, 128, 129, 200, 300};
 const size_t  fp4d_stress_m_count = sizeof fp4d_stress_m / sizeof fp4d_stress_m[0];
 
+/* The MoE batch, rows over all experts. With the suite's routing over 8 experts (inputs.c,
+ * moe_offsets) they give single rows, experts of a few rows (the small-M paths), experts of
+ * 24, 65 and 95 rows, and at 600 rows experts of 54 to 193 rows: past a 128-row tile. */
+const int64_t fp4d_stress_moe_rows[] = {1, 9, 70, 200, 600};
+const size_t  fp4d_stress_moe_rows_count = sizeof fp4d_stress_moe_rows / sizeof fp4d_stress_moe_rows[0];
+
 /* Outputs that differ from the solo run are copied and judged exactly after the threads
  * end; past this many (a backend wrong everywhere) the rest are only counted. */
 #define STRESS_JUDGE_MAX 16
 
 typedef struct stress_gemm {
-    fp4d_case         sub;  /* the plain GEMM case whose data this is (its name seeds it) */
-    fp4d_case_data    d;
-    bool              made; /* d holds data to free */
-    fp4d_gemm_problem p;    /* out is set per call */
-    uint8_t          *solo_raw, *solo; /* the output made alone, framed by sentinels */
-    size_t            bytes;
+    fp4d_case                 sub;  /* the plain or grouped case whose data this is (its name seeds it) */
+    fp4d_case_data            d;
+    bool                      made; /* d holds data to free */
+    fp4d_gemm_problem         p;    /* plain (sub.op == FP4D_CASE_GEMM); out is set per call */
+    fp4d_grouped_gemm_problem gp;   /* grouped; out is set per call */
+    fp4d_matrix              *experts; /* gp.b */
+    int64_t                   rows, cols; /* of the output */
+    fp4d_dtype                out_type;
+    uint8_t                  *solo_raw, *solo; /* the output made alone, framed by sentinels */
+    size_t                    bytes;
 } stress_gemm;
 
 typedef struct stress_copy {
@@ -90,6 +106,65 @@ static void result_set(fp4d_case_result *r, fp4d_verdict v, fp4d_cause c, const 
     va_end(ap);
 }
 
+static bool stress_grouped(const stress_gemm *g) { return g->sub.op == FP4D_CASE_GROUPED; }
+
+/* One call of the batch's GEMM g into out. */
+static fp4d_status stress_call(fp4d_backend_t b, const stress_gemm *g, void *out, fp4d_reason *why)
+{
+    fp4d_clear_error();
+    if (stress_grouped(g)) {
+        fp4d_grouped_gemm_problem gp = g->gp;
+        gp.out = out;
+        return fp4d_backend_grouped_gemm(b, &gp, why);
+    }
+    fp4d_gemm_problem p = g->p;
+    p.out = out;
+    return fp4d_backend_gemm(b, &p, why);
+}
+
+/* "M = 300" or, for a grouped GEMM, "M = 600 over 8 experts": how messages name g. */
+static const char *stress_name(const stress_gemm *g, char *buf, size_t size)
+{
+    if (stress_grouped(g))
+        snprintf(buf, size, "M = %lld over %d experts", (long long)g->rows, (int)g->sub.num_experts);
+    else
+        snprintf(buf, size, "M = %lld", (long long)g->rows);
+    return buf;
+}
+#define STRESS_NAME(g) stress_name((g), (char[48]){0}, 48)
+
+/* Judges an output of g against the exact result. A grouped output is judged expert by
+ * expert (each one's rows against its own weights); the worst element reported is the first
+ * expert's NaN mismatch, else the first expert's worst beyond the practical bound, else any. */
+static fp4d_status stress_judge(const stress_gemm *g, const uint8_t *out, fp4d_output_judgement *oj)
+{
+    if (!stress_grouped(g)) return fp4d_judge_gemm_output(&g->p, out, oj);
+    memset(oj, 0, sizeof *oj);
+    oj->worst = -1;
+    const size_t row_bytes = (size_t)g->cols * fp4d_out_elem_size(g->out_type);
+    int worst_rank = 0; /* 3: a NaN mismatch, 2: beyond practical, 1: any difference */
+    for (int32_t e = 0; e < g->d.num_b; e++) {
+        fp4d_gemm_problem p;
+        int64_t row0, rows;
+        fp4d_case_canon_problem(&g->d, e, &p, &row0, &rows);
+        if (rows == 0) continue;
+        fp4d_output_judgement one;
+        FP4D_FORWARD_IF_ERROR(fp4d_judge_gemm_output(&p, out + (size_t)row0 * row_bytes, &one));
+        oj->elements += one.elements;
+        oj->beyond_fp32 += one.beyond_fp32;
+        oj->beyond_practical += one.beyond_practical;
+        oj->nan_mismatch += one.nan_mismatch;
+        int rank = one.worst < 0 ? 0 : one.nan_mismatch ? 3 : one.beyond_practical ? 2 : 1;
+        if (rank > worst_rank) {
+            worst_rank = rank;
+            oj->worst = row0 * g->cols + one.worst;
+            oj->worst_got = one.worst_got, oj->worst_exact = one.worst_exact;
+            oj->worst_bound_fp32 = one.worst_bound_fp32, oj->worst_bound_practical = one.worst_bound_practical;
+        }
+    }
+    return FP4D_STATUS_OK;
+}
+
 /* Compares one output made beside the others with the solo one; records what differs. */
 static void note_output(stress_worker *w, size_t gi, int round, const uint8_t *out)
 {
@@ -98,8 +173,8 @@ static void note_output(stress_worker *w, size_t gi, int round, const uint8_t *o
     w->outputs++;
     if (memcmp(out, g->solo, g->bytes) == 0) return;
     w->differ++;
-    const fp4d_dtype t = g->p.out_type;
-    const int64_t M = g->p.a.rows, N = g->p.b.rows;
+    const fp4d_dtype t = g->out_type;
+    const int64_t M = g->rows, N = g->cols;
     const size_t row_bytes = (size_t)N * fp4d_out_elem_size(t);
     for (int64_t m = 0; m < M; m++) {
         if (memcmp(out + (size_t)m * row_bytes, g->solo + (size_t)m * row_bytes, row_bytes) == 0) continue;
@@ -139,15 +214,12 @@ static void *worker_main(void *arg)
             size_t gi = w->index % 2 ? sb->ng - 1 - step : step;
             stress_gemm *g = &sb->g[gi];
             uint8_t *out = w->raw[gi] + fp4d_guard_size(g->bytes);
-            fp4d_poison_fill(g->p.out_type, out, g->p.a.rows * g->p.b.rows);
-            fp4d_gemm_problem p = g->p;
-            p.out = out;
+            fp4d_poison_fill(g->out_type, out, g->rows * g->cols);
             fp4d_reason why = {{0}};
-            fp4d_clear_error();
-            fp4d_status st = fp4d_backend_gemm(w->b, &p, &why);
+            fp4d_status st = stress_call(w->b, g, out, &why);
             if (st != FP4D_STATUS_OK) {
                 w->failed = st;
-                snprintf(w->error, sizeof w->error, "round %d, M = %lld: %s: %s", r, (long long)p.a.rows,
+                snprintf(w->error, sizeof w->error, "round %d, %s: %s: %s", r, STRESS_NAME(g),
                          fp4d_status_name(st), why.text[0] ? why.text : fp4d_last_error());
                 break;
             }
@@ -156,8 +228,8 @@ static void *worker_main(void *arg)
             if (changed) {
                 /* an overrun of a neighbour's buffer, say; not the case's to diagnose twice */
                 w->failed = FP4D_STATUS_INTERNAL;
-                snprintf(w->error, sizeof w->error, "round %d, M = %lld: wrote %lld sentinel bytes outside its output",
-                         r, (long long)p.a.rows, (long long)changed);
+                snprintf(w->error, sizeof w->error, "round %d, %s: wrote %lld sentinel bytes outside its output",
+                         r, STRESS_NAME(g), (long long)changed);
                 break;
             }
             note_output(w, gi, r, out);
@@ -166,38 +238,58 @@ static void *worker_main(void *arg)
     return NULL;
 }
 
+/* The batch's sizes: M of each plain GEMM, or the rows in all of each grouped one. */
+static const int64_t *batch_sizes(const fp4d_case *c, size_t *count)
+{
+    *count = c->num_experts > 0 ? fp4d_stress_moe_rows_count : fp4d_stress_m_count;
+    return c->num_experts > 0 ? fp4d_stress_moe_rows : fp4d_stress_m;
+}
+
 /* Builds the batch's GEMMs and keeps those the backend supports; *reason says why not
  * when it supports none. */
 static fp4d_status make_batch(fp4d_backend_t b, const fp4d_case *c, uint64_t seed, stress_batch *sb,
                               char *reason, size_t reason_size)
 {
-    sb->g = calloc(fp4d_stress_m_count, sizeof *sb->g);
+    size_t count;
+    const int64_t *sizes = batch_sizes(c, &count);
+    sb->g = calloc(count, sizeof *sb->g);
     FP4D_RETURN_ERROR_IF(!sb->g, NOMEM, "out of memory");
     reason[0] = '\0';
-    for (size_t i = 0; i < fp4d_stress_m_count; i++) {
+    for (size_t i = 0; i < count; i++) {
         stress_gemm *g = &sb->g[sb->ng];
         g->sub = *c;
-        g->sub.op = FP4D_CASE_GEMM;
-        g->sub.m = fp4d_stress_m[i];
+        g->sub.op = c->num_experts > 0 ? FP4D_CASE_GROUPED : FP4D_CASE_GEMM;
+        g->sub.m = sizes[i];
         g->sub.threads = g->sub.rounds = 0;
         snprintf(g->sub.name, sizeof g->sub.name, "%.80s.m%lld", c->name, (long long)g->sub.m);
         fp4d_status st = fp4d_case_data_make(&g->sub, seed, &g->d);
         if (st != FP4D_STATUS_OK) return st;
         g->made = true;
-        g->p.a = g->d.a.mat;
-        g->p.b = g->d.b[0].mat;
-        g->p.alpha = g->d.alpha[0];
-        g->p.out_type = c->out_type;
+        g->rows = g->sub.m, g->cols = c->n;
+        g->out_type = c->out_type;
         fp4d_gemm_desc desc;
-        fp4d_gemm_describe(&g->p, &desc);
+        if (stress_grouped(g)) {
+            g->experts = malloc((size_t)g->d.num_b * sizeof *g->experts);
+            FP4D_RETURN_ERROR_IF(!g->experts, NOMEM, "out of memory");
+            for (int32_t e = 0; e < g->d.num_b; e++) g->experts[e] = g->d.b[e].mat;
+            g->gp = (fp4d_grouped_gemm_problem){.num_experts = g->d.num_b, .expert_offsets = g->d.offsets,
+                                                .a = g->d.a.mat, .b = g->experts, .alpha = g->d.alpha,
+                                                .out_type = c->out_type};
+            fp4d_grouped_gemm_describe(&g->gp, &desc);
+        } else {
+            g->p = (fp4d_gemm_problem){.a = g->d.a.mat, .b = g->d.b[0].mat, .alpha = g->d.alpha[0],
+                                       .out_type = c->out_type};
+            fp4d_gemm_describe(&g->p, &desc);
+        }
         fp4d_reason why = {{0}};
         if (!fp4d_backend_supports(b, &desc, &why)) {
-            if (!reason[0]) snprintf(reason, reason_size, "M = %lld: %s", (long long)g->sub.m, why.text);
+            if (!reason[0]) snprintf(reason, reason_size, "%s: %s", STRESS_NAME(g), why.text);
             fp4d_case_data_free(&g->d);
+            free(g->experts);
             memset(g, 0, sizeof *g);
             continue;
         }
-        g->bytes = (size_t)(g->p.a.rows * g->p.b.rows) * fp4d_out_elem_size(c->out_type);
+        g->bytes = (size_t)(g->rows * g->cols) * fp4d_out_elem_size(c->out_type);
         g->solo_raw = fp4d_guarded_alloc(g->bytes);
         FP4D_RETURN_ERROR_IF(!g->solo_raw, NOMEM, "out of memory");
         g->solo = g->solo_raw + fp4d_guard_size(g->bytes);
@@ -208,8 +300,11 @@ static fp4d_status make_batch(fp4d_backend_t b, const fp4d_case *c, uint64_t see
 
 static void free_batch(stress_batch *sb)
 {
-    for (size_t i = 0; i < fp4d_stress_m_count && sb->g; i++) {
+    size_t count;
+    batch_sizes(sb->c, &count);
+    for (size_t i = 0; i < count && sb->g; i++) {
         if (sb->g[i].made) fp4d_case_data_free(&sb->g[i].d);
+        free(sb->g[i].experts);
         free(sb->g[i].solo_raw);
     }
     free(sb->g);
@@ -227,13 +322,11 @@ static fp4d_status explain_alone(fp4d_backend_t b, stress_gemm *g, uint64_t seed
     if (st != FP4D_STATUS_OK) return st;
     if (sub.verdict == FP4D_VERDICT_PASS) {
         /* right on the second look: say what the batch saw */
-        result_set(r, seen, FP4D_CAUSE_UNKNOWN, "alone, M = %lld %s (a second run was right)",
-                   (long long)g->sub.m, what);
+        result_set(r, seen, FP4D_CAUSE_UNKNOWN, "alone, %s %s (a second run was right)", STRESS_NAME(g), what);
         return FP4D_STATUS_OK;
     }
     char detail[sizeof r->detail];
-    snprintf(detail, sizeof detail, "alone, before any concurrency, M = %lld: %.440s", (long long)g->sub.m,
-             sub.detail);
+    snprintf(detail, sizeof detail, "alone, before any concurrency, %s: %.420s", STRESS_NAME(g), sub.detail);
     *r = sub;
     memcpy(r->detail, detail, sizeof detail);
     return FP4D_STATUS_OK;
@@ -254,26 +347,23 @@ static fp4d_status run_alone(fp4d_backend_t b, stress_batch *sb, uint64_t seed, 
         int64_t changed = 0, after, before;
         for (int run = 0; run < 2 && call == FP4D_STATUS_OK && !changed; run++) {
             uint8_t *raw = run ? again_raw : g->solo_raw;
-            fp4d_poison_fill(g->p.out_type, raw + guard, g->p.a.rows * g->p.b.rows);
-            fp4d_gemm_problem p = g->p;
-            p.out = raw + guard;
-            fp4d_clear_error();
-            call = fp4d_backend_gemm(b, &p, &why);
+            fp4d_poison_fill(g->out_type, raw + guard, g->rows * g->cols);
+            call = stress_call(b, g, raw + guard, &why);
             if (call == FP4D_STATUS_OK) changed = fp4d_guard_check(raw, g->bytes, &after, &before);
         }
         bool same = call == FP4D_STATUS_OK && !changed && memcmp(again_raw + guard, g->solo, g->bytes) == 0;
         free(again_raw);
         if (call != FP4D_STATUS_OK) {
-            result_set(r, FP4D_VERDICT_ERROR, FP4D_CAUSE_NONE, "alone, M = %lld: the backend returned %s%s%s",
-                       (long long)g->sub.m, fp4d_status_name(call), why.text[0] || fp4d_last_error()[0] ? ": " : "",
+            result_set(r, FP4D_VERDICT_ERROR, FP4D_CAUSE_NONE, "alone, %s: the backend returned %s%s%s",
+                       STRESS_NAME(g), fp4d_status_name(call), why.text[0] || fp4d_last_error()[0] ? ": " : "",
                        why.text[0] ? why.text : fp4d_last_error());
             return FP4D_STATUS_OK;
         }
         if (changed) return explain_alone(b, g, seed, FP4D_VERDICT_OOB_WRITE, "wrote outside its output", r);
         if (!same) {
             result_set(r, FP4D_VERDICT_NONDETERMINISTIC, FP4D_CAUSE_NONE,
-                       "alone, two runs of M = %lld differ: concurrency cannot be judged against a result "
-                       "that changes by itself", (long long)g->sub.m);
+                       "alone, two runs of %s differ: concurrency cannot be judged against a result "
+                       "that changes by itself", STRESS_NAME(g));
             return FP4D_STATUS_OK;
         }
     }
@@ -289,17 +379,17 @@ static fp4d_status judge_alone(fp4d_backend_t b, stress_batch *sb, uint64_t seed
     for (size_t gi = 0; gi < sb->ng; gi++) {
         stress_gemm *g = &sb->g[gi];
         fp4d_output_judgement oj;
-        fp4d_status st = fp4d_judge_gemm_output(&g->p, g->solo, &oj);
+        fp4d_status st = stress_judge(g, g->solo, &oj);
         if (st == FP4D_STATUS_NOMEM) return st;
         if (st != FP4D_STATUS_OK) {
-            result_set(r, FP4D_VERDICT_ERROR, FP4D_CAUSE_NONE, "could not judge M = %lld: %s",
-                       (long long)g->p.a.rows, fp4d_last_error());
+            result_set(r, FP4D_VERDICT_ERROR, FP4D_CAUSE_NONE, "could not judge %s: %s", STRESS_NAME(g),
+                       fp4d_last_error());
             *go_on = false;
             return FP4D_STATUS_OK;
         }
         r->elements_checked += oj.elements;
         int64_t unwritten = 0;
-        for (int64_t i = 0; i < oj.elements; i++) unwritten += fp4d_is_poison(g->p.out_type, g->solo, i);
+        for (int64_t i = 0; i < oj.elements; i++) unwritten += fp4d_is_poison(g->out_type, g->solo, i);
         if (unwritten || oj.beyond_practical) {
             *go_on = false;
             fp4d_verdict v = unwritten ? FP4D_VERDICT_UNWRITTEN : oj.nan_mismatch ? FP4D_VERDICT_NAN : FP4D_VERDICT_WRONG;
@@ -307,39 +397,45 @@ static fp4d_status judge_alone(fp4d_backend_t b, stress_batch *sb, uint64_t seed
         }
         if (oj.beyond_fp32 && r->verdict == FP4D_VERDICT_PASS)
             result_set(r, FP4D_VERDICT_INACCURATE, FP4D_CAUSE_NONE,
-                       "alone, M = %lld: %lld elements beyond the f32-accumulation bound, within the practical "
-                       "tolerance", (long long)g->p.a.rows, (long long)oj.beyond_fp32);
+                       "alone, %s: %lld elements beyond the f32-accumulation bound, within the practical "
+                       "tolerance", STRESS_NAME(g), (long long)oj.beyond_fp32);
     }
     return FP4D_STATUS_OK;
 }
 
-/* "M = 300: rows 256..299; M = 200: rows 128..199; ..." for the GEMMs whose rows differed. */
+/* "M = 300: rows 256..299; M = 200: rows 128..199; ..." for the GEMMs whose rows differed
+ * (grouped: "M = 600 over 8 experts: rows ... (expert 2 ...)", rows named per expert). */
 static void describe_differing_rows(const stress_batch *sb, stress_worker *w, int nw, char *out, size_t size)
 {
+    static const char more[] = "; ...";
     size_t len = 0, named = 0;
     out[0] = '\0';
     /* largest M first: that is where whole 128-row tiles show */
-    for (size_t gi = sb->ng; gi-- > 0 && len < size;) {
-        const int64_t M = sb->g[gi].p.a.rows;
-        uint8_t *flag = calloc((size_t)M, 1);
+    for (size_t gi = sb->ng; gi-- > 0;) {
+        const stress_gemm *g = &sb->g[gi];
+        const int64_t M = g->rows;
+        uint8_t *flag = calloc((size_t)(M ? M : 1), 1);
         if (!flag) return;
         bool any = false;
         for (int t = 0; t < nw; t++)
             for (int64_t m = 0; m < M; m++)
                 if (w[t].rows[gi][m]) flag[m] = 1, any = true;
+        char rows[200], entry[300];
         if (any) {
-            if (named == 3) {
-                snprintf(out + len, size - len, "; ...");
-                free(flag);
-                return;
-            }
-            char rows[200];
-            fp4d_describe_rows(flag, M, NULL, 0, rows, sizeof rows);
-            int k = snprintf(out + len, size - len, "%sM = %lld: rows %s", named ? "; " : "", (long long)M, rows);
-            if (k > 0) len += (size_t)k;
-            named++;
+            bool grouped = stress_grouped(g) && g->d.num_b > 1;
+            fp4d_describe_rows(flag, M, grouped ? g->d.offsets : NULL, grouped ? g->d.num_b : 0, rows, sizeof rows);
+            snprintf(entry, sizeof entry, "%s%s: rows %s", named ? "; " : "", STRESS_NAME(g), rows);
         }
         free(flag);
+        if (!any) continue;
+        /* whole entries only, and room kept for saying there are more */
+        if (named == 3 || len + strlen(entry) + sizeof more > size) {
+            if (named && len + sizeof more <= size) memcpy(out + len, more, sizeof more);
+            return;
+        }
+        memcpy(out + len, entry, strlen(entry) + 1);
+        len += strlen(entry);
+        named++;
     }
 }
 
@@ -365,7 +461,7 @@ static fp4d_status judge_together(stress_batch *sb, stress_worker *w, int nw, fp
         const stress_copy *cp = &sb->copies[i];
         const stress_gemm *g = &sb->g[cp->gemm];
         fp4d_output_judgement oj;
-        fp4d_status st = fp4d_judge_gemm_output(&g->p, cp->out, &oj);
+        fp4d_status st = stress_judge(g, cp->out, &oj);
         if (st == FP4D_STATUS_NOMEM) return st;
         if (st != FP4D_STATUS_OK) continue;
         if (oj.beyond_practical == 0) {
@@ -373,11 +469,11 @@ static fp4d_status judge_together(stress_batch *sb, stress_worker *w, int nw, fp
             continue;
         }
         if (judged_wrong++ == 0 && oj.worst >= 0) {
-            const int64_t N = g->p.b.rows;
-            snprintf(first, sizeof first, "; first: instance %d, round %d, M = %lld, [%lld, %lld] = %g where alone %g",
-                     cp->worker + 1, cp->round + 1, (long long)g->p.a.rows, (long long)(oj.worst / N),
+            const int64_t N = g->cols;
+            snprintf(first, sizeof first, "; first: instance %d, round %d, %s, [%lld, %lld] = %g where alone %g",
+                     cp->worker + 1, cp->round + 1, STRESS_NAME(g), (long long)(oj.worst / N),
                      (long long)(oj.worst % N), oj.worst_got,
-                     (double)fp4d_out_elem_get(g->p.out_type, g->solo, oj.worst));
+                     (double)fp4d_out_elem_get(g->out_type, g->solo, oj.worst));
         }
     }
     char rows[320];
@@ -435,7 +531,7 @@ fp4d_status fp4d_run_stress_case(fp4d_backend_t b, const fp4d_case *c, uint64_t 
         w[t].rows = calloc(sb.ng, sizeof *w[t].rows);
         ok = w[t].raw && w[t].rows;
         for (size_t gi = 0; ok && gi < sb.ng; gi++)
-            ok = (w[t].rows[gi] = calloc((size_t)sb.g[gi].p.a.rows, 1)) != NULL &&
+            ok = (w[t].rows[gi] = calloc((size_t)(sb.g[gi].rows ? sb.g[gi].rows : 1), 1)) != NULL &&
                  (w[t].raw[gi] = fp4d_guarded_alloc(sb.g[gi].bytes)) != NULL;
     }
     if (!ok) {
@@ -500,7 +596,7 @@ fp4d_status fp4d_run_stress_case(fp4d_backend_t b, const fp4d_case *c, uint64_t 
         double flops = 0;
         for (int t = 0; t < nw; t++)
             for (size_t gi = 0; gi < sb.ng; gi++)
-                flops += 2.0 * (double)sb.g[gi].p.a.rows * (double)sb.g[gi].p.b.rows * (double)sb.g[gi].p.a.cols;
+                flops += 2.0 * (double)sb.g[gi].rows * (double)sb.g[gi].cols * (double)c->k;
         if (dt > 0) r->gflops = flops * c->rounds / dt * 1e-9;
     }
     if (go_on) {

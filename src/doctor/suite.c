@@ -6,7 +6,8 @@
  *           (M 1..257: in and out of the 32..1536 window, below and above 64 and 128 rows),
  *           N = 256 with M > 1, K = 4096, linear and swizzled scales, all three format pairs,
  *           the edge-case inputs, a grouped MoE GEMM with an empty expert and experts of
- *           64, 85 and 151 rows, quantize cases, and a stress case (four instances at once).
+ *           64, 85 and 151 rows, quantize cases, and two stress cases (four instances at
+ *           once): a batch of plain GEMMs of mixed M, and one of grouped MoE GEMMs.
  * default - quick plus the full M sweep 1..4096 on a narrow shape, the real LLM projections
  *           (4096x4096, 14336x4096, 4096x14336, 7168x18432) at small M, more MoE and quantize.
  * full    - default plus larger M on the LLM shapes and the sweep under every format pair.
@@ -129,6 +130,28 @@ static void add_stress(case_list *l, fp4d_dtype a_type, fp4d_dtype b_type, fp4d_
              (long long)n, (long long)k);
 }
 
+/* A MoE stress case: grouped GEMMs of fp4d_stress_moe_rows rows over `experts` experts, on
+ * `threads` instances at once, `rounds` times each (stress.c). */
+static void add_stress_moe(case_list *l, fp4d_dtype fmt, fp4d_scale_layout layout, int32_t experts,
+                           int32_t threads, int32_t rounds, int64_t n, int64_t k)
+{
+    fp4d_case *c = push(l);
+    if (!c) return;
+    snprintf(c->group, sizeof c->group, "stress");
+    c->op = FP4D_CASE_STRESS;
+    c->m = 0;
+    for (size_t i = 0; i < fp4d_stress_moe_rows_count; i++) c->m += fp4d_stress_moe_rows[i];
+    c->n = n, c->k = k;
+    c->a_type = c->b_type = fmt;
+    c->out_type = FP4D_DTYPE_BF16;
+    c->a_layout = c->b_layout = layout;
+    c->input = FP4D_INPUT_GAUSSIAN;
+    c->num_experts = experts;
+    c->threads = threads, c->rounds = rounds;
+    snprintf(c->name, sizeof c->name, "stress.moe.%s.%s.e%d.t%d.r%d.n%lld.k%lld", short_dtype(fmt),
+             layout_tag(layout), (int)experts, (int)threads, (int)rounds, (long long)n, (long long)k);
+}
+
 #define NV FP4D_DTYPE_NVFP4
 #define MX FP4D_DTYPE_MXFP4
 #define BF FP4D_DTYPE_BF16
@@ -167,6 +190,8 @@ static void add_quick(case_list *l)
     /* Four instances at once, the batch three times each: races that only show under
      * concurrency (FI #2708, SGLang #20047). */
     add_stress(l, NV, NV, SWZ, BF, 4, 3, 128, 256);
+    /* The same for the grouped MoE GEMM, whose experts each take their own tiles. */
+    add_stress_moe(l, NV, SWZ, 8, 4, 3, 128, 256);
 }
 
 static void add_default_extra(case_list *l)
@@ -237,6 +262,7 @@ static void add_full_extra(case_list *l)
             add_quant(l, MX, (fp4d_convention)conv, SWZ, FP4D_INPUT_NONFINITE, 64, 1024);
     }
     add_stress(l, NV, NV, SWZ, BF, 8, 6, 512, 1024);
+    add_stress_moe(l, NV, SWZ, 8, 8, 4, 256, 1024);
 }
 
 fp4d_status fp4d_suite_cases(fp4d_suite suite, fp4d_case **cases, size_t *count)

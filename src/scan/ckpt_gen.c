@@ -385,9 +385,20 @@ static int add_gptoss_experts(gen_plan *g, const char *prefix, int64_t E, int64_
 
 static json_t *model_config(const fp4d_ckpt_gen_params *p, const char *arch)
 {
-    return json_pack("{s:[s], s:s, s:i, s:i, s:i, s:i, s:i, s:s}", "architectures", arch, "model_type", "fp4doctor-gen",
-                     "hidden_size", p->hidden, "intermediate_size", p->intermediate, "num_hidden_layers", p->layers,
-                     "num_local_experts", p->experts, "vocab_size", 32, "torch_dtype", "bfloat16");
+    json_t *c = json_pack("{s:[s], s:s, s:i, s:i, s:i, s:i, s:i, s:s}", "architectures", arch, "model_type",
+                          "fp4doctor-gen", "hidden_size", p->hidden, "intermediate_size", p->intermediate,
+                          "num_hidden_layers", p->layers, "num_local_experts", p->experts, "vocab_size", 32,
+                          "torch_dtype", "bfloat16");
+    /* the heads the attention shapes hold: q_proj is [hidden, hidden], k_proj and v_proj
+     * [hidden / 2, hidden] */
+    if (c && p->head_dim > 0 &&
+        (json_object_set_new(c, "head_dim", json_integer(p->head_dim)) ||
+         json_object_set_new(c, "num_attention_heads", json_integer(p->hidden / p->head_dim)) ||
+         json_object_set_new(c, "num_key_value_heads", json_integer(p->hidden / 2 / p->head_dim)))) {
+        json_decref(c);
+        return NULL;
+    }
+    return c;
 }
 
 static int build_configs(gen_plan *g)
@@ -1000,6 +1011,9 @@ fp4d_status fp4d_ckpt_generate(const char *dir, const fp4d_ckpt_gen_params *p)
                              (p->format == FP4D_CKPT_GPTOSS_MXFP4 && p->experts < 1),
                          INVALID_ARG, "fp4d_ckpt_generate: bad parameters (hidden/intermediate multiples of 32, "
                                       "1 <= shards <= layers + 1, gpt-oss needs experts)");
+    FP4D_RETURN_ERROR_IF(p->head_dim < 0 || (p->head_dim > 0 && (p->hidden / 2) % p->head_dim), INVALID_ARG,
+                         "fp4d_ckpt_generate: head_dim %d does not divide hidden / 2 = %d (k_proj's rows)",
+                         (int)p->head_dim, (int)(p->hidden / 2));
     FP4D_RETURN_ERROR_IF(p->random_fill && p->num_plants, INVALID_ARG,
                          "fp4d_ckpt_generate: defects cannot be planted in random-fill checkpoints");
     uint64_t bytes = 0;

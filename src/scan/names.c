@@ -1,7 +1,10 @@
 /* names.c - layer and expert numbers and module names from Hugging Face tensor names. */
 #include <ctype.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include <jansson.h>
 
 #include "scan/scan_internal.h"
 
@@ -59,13 +62,113 @@ bool scan_tp_row_parallel(const char *module)
     return false;
 }
 
-scan_tp_problem scan_tp_shard(int64_t n, int64_t k, int64_t block, bool is_mx, bool row_parallel, int tp)
+/* ---- attention heads --------------------------------------------------------------------- */
+
+static int64_t positive_int(const json_t *o, const char *key)
 {
-    const int64_t split = row_parallel ? k : n;
-    if (tp <= 1 || split <= 0) return SCAN_TP_OK;
-    if (split % tp) return SCAN_TP_UNEVEN;
-    if (!row_parallel) return SCAN_TP_OK;
-    const int64_t per_rank = k / tp;
-    if (per_rank % block) return SCAN_TP_SPLIT_BLOCK;
-    return !is_mx && per_rank % 32 ? SCAN_TP_PADDED_SCALES : SCAN_TP_OK;
+    const json_t *v = json_object_get(o, key);
+    return json_is_integer(v) && json_integer_value(v) > 0 ? (int64_t)json_integer_value(v) : 0;
+}
+
+static bool heads_of(const json_t *root, scan_heads *h)
+{
+    memset(h, 0, sizeof *h);
+    if (!json_is_object(root)) return false;
+    /* a multimodal model keeps its language model's numbers in a nested config */
+    static const char *const nested[] = {"text_config", "llm_config", "language_config"};
+    const json_t *cfg = root;
+    for (size_t i = 0; !positive_int(cfg, "num_attention_heads") && i < sizeof nested / sizeof nested[0]; i++)
+        if (json_is_object(json_object_get(root, nested[i]))) cfg = json_object_get(root, nested[i]);
+    h->q = positive_int(cfg, "num_attention_heads");
+    if (!h->q) return false;
+    h->kv = positive_int(cfg, "num_key_value_heads");
+    if (!h->kv) h->kv = h->q; /* multi-head attention */
+    h->head_dim = positive_int(cfg, "head_dim");
+    const int64_t hidden = positive_int(cfg, "hidden_size");
+    if (!h->head_dim && hidden % h->q == 0) h->head_dim = hidden / h->q;
+    return true;
+}
+
+bool scan_heads_parse(const char *text, size_t len, scan_heads *h)
+{
+    json_error_t err;
+    json_t *root = json_loadb(text, len, 0, &err);
+    const bool ok = heads_of(root, h);
+    json_decref(root);
+    return ok;
+}
+
+bool scan_heads_load(const char *dir, scan_heads *h)
+{
+    memset(h, 0, sizeof *h);
+    size_t n = strlen(dir) + sizeof "/config.json";
+    char *path = malloc(n);
+    if (!path) return false;
+    snprintf(path, n, "%s/config.json", dir);
+    json_error_t err;
+    json_t *root = json_load_file(path, 0, &err);
+    free(path);
+    const bool ok = heads_of(root, h);
+    json_decref(root);
+    return ok;
+}
+
+typedef enum attn_role { ATTN_NONE, ATTN_Q, ATTN_KV, ATTN_O } attn_role;
+
+static attn_role attn_role_of(const char *module)
+{
+    const char *dot = strrchr(module, '.');
+    const char *leaf = dot ? dot + 1 : module;
+    if (!strcmp(leaf, "q_proj")) return ATTN_Q;
+    if (!strcmp(leaf, "k_proj") || !strcmp(leaf, "v_proj")) return ATTN_KV;
+    if (!strcmp(leaf, "o_proj")) return ATTN_O;
+    return ATTN_NONE;
+}
+
+const char *scan_tp_heads_why(const scan_tp_cut *cut, const char *leaf, int tp, char *out, size_t size)
+{
+    snprintf(out, size,
+             "config.json gives %s = %lld, which %d tensor-parallel ranks cannot share out (%s is cut by whole "
+             "heads; %s)", cut->kv_heads ? "num_key_value_heads" : "num_attention_heads", (long long)cut->heads, tp,
+             leaf, cut->kv_heads ? "the KV heads must be a multiple of the TP degree, or the TP degree a multiple of "
+                                   "them, each rank then holding one KV head"
+                                 : "the heads must be a multiple of the TP degree");
+    return out;
+}
+
+scan_tp_cut scan_tp_plan(const char *module, int64_t n, int64_t k, int64_t block, bool is_mx, const scan_heads *h,
+                         int tp)
+{
+    scan_tp_cut cut = {.problem = SCAN_TP_OK, .split_k = scan_tp_row_parallel(module), .replicas = 1};
+    cut.dim = cut.split_k ? k : n;
+    cut.per_rank = cut.dim;
+    if (tp <= 1 || cut.dim <= 0) return cut;
+    const attn_role role = attn_role_of(module);
+    if (h && h->q > 0 && h->head_dim > 0 && role != ATTN_NONE) {
+        const int64_t d = h->head_dim, kv = h->kv > 0 ? h->kv : h->q;
+        const bool by_heads = role == ATTN_Q ? n == h->q * d : role == ATTN_O ? k == h->q * d : n == kv * d;
+        if (by_heads && role == ATTN_KV) {
+            if (tp >= kv ? tp % kv != 0 : kv % tp != 0) {
+                cut.problem = SCAN_TP_HEADS, cut.heads = kv, cut.kv_heads = true;
+                return cut;
+            }
+            if (tp >= kv) { /* one whole KV head per rank, each held by tp / kv ranks */
+                cut.replicas = (int)(tp / kv);
+                cut.per_rank = d;
+                return cut;
+            }
+        } else if (by_heads && h->q % tp) {
+            cut.problem = SCAN_TP_HEADS, cut.heads = h->q;
+            return cut;
+        }
+    }
+    if (cut.dim % tp) {
+        cut.problem = SCAN_TP_UNEVEN;
+        return cut;
+    }
+    cut.per_rank = cut.dim / tp;
+    if (!cut.split_k) return cut;
+    if (cut.per_rank % block) cut.problem = SCAN_TP_SPLIT_BLOCK;
+    else if (!is_mx && cut.per_rank % 32) cut.problem = SCAN_TP_PADDED_SCALES;
+    return cut;
 }

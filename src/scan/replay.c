@@ -250,9 +250,9 @@ typedef struct replay_layer {
     double     input_decode;   /* 0 when the layer has no static input scale */
     uint64_t   nan_scales;     /* block scales that are NaN codes (e4m3 0x7F/0xFF, e8m0 0xFF) */
     uint64_t   num_scales;
-    bool       row_parallel;   /* split along K under tensor parallelism (scan_tp_row_parallel) */
+    char       module[256];    /* its module name: how tensor parallelism cuts it (scan_tp_plan) */
     char       desc[256];
-    char       shard[128];     /* which rank's shard of the layer this is; empty for all of it */
+    char       shard[192];     /* which rank's shard of the layer this is; empty for all of it */
 } replay_layer;
 
 /* Appends to why the quantized layers whose module names contain query (a partial name such
@@ -418,7 +418,7 @@ static bool layer_load(replay_shards *s, const char *name, replay_layer *L, char
             return false;
         }
     }
-    L->row_parallel = scan_tp_row_parallel(module);
+    snprintf(L->module, sizeof L->module, "%s", module);
     snprintf(L->desc, sizeof L->desc, "%s%s%lld: %s [%lld x %lld]", module, expert >= 0 && gptoss ? " expert " : "",
              (long long)(expert >= 0 && gptoss ? expert : 0), mx ? "mxfp4" : "nvfp4", (long long)L->n, (long long)L->k);
     if (!(expert >= 0 && gptoss))
@@ -435,34 +435,45 @@ bad_shape:
 
 /* ---- one tensor-parallel rank's shard ------------------------------------------------------- */
 
-/* Replaces L's matrix by rank's shard at TP degree tp, as engines cut it (scan_tp_row_parallel):
+/* Replaces L's matrix by rank's shard at TP degree tp, as engines cut it (scan_tp_plan):
  * row-parallel layers keep every row and the rank's K / tp columns with their scale columns,
  * the others the rank's N / tp contiguous rows (an engine that interleaves fused gate/up rows
- * takes other rows, of the same count: the shape the kernels see is the same). The global
+ * takes other rows, of the same count: the shape the kernels see is the same); k_proj and
+ * v_proj with fewer KV heads than ranks, the one whole head the rank shares with
+ * tp / num_key_value_heads others (h: config.json's heads, zero when unknown). The global
  * scales are per tensor, the same on every rank. A shard engines refuse is a usage error, said
  * in why; note gets the padded-scale warning scan gives (empty when none). */
-static int layer_shard(replay_layer *L, int tp, int rank, char *why, size_t why_n, char *note, size_t note_n)
+static int layer_shard(replay_layer *L, const scan_heads *h, int tp, int rank, char *why, size_t why_n, char *note,
+                       size_t note_n)
 {
     note[0] = '\0';
     if (tp <= 1) return FP4D_EXIT_OK;
     const int64_t block = layer_block(L), n = L->n, k = L->k;
-    const bool mx = L->format == FP4D_DTYPE_MXFP4, split_k = L->row_parallel;
-    const scan_tp_problem problem = scan_tp_shard(n, k, block, mx, split_k, tp);
+    const bool mx = L->format == FP4D_DTYPE_MXFP4;
+    const scan_tp_cut cut = scan_tp_plan(L->module, n, k, block, mx, h, tp);
+    const bool split_k = cut.split_k;
     const char *how = split_k ? "along K, row-parallel" : "along its output rows N, column-parallel";
-    if (problem == SCAN_TP_UNEVEN) {
+    if (cut.problem == SCAN_TP_HEADS) {
+        const char *dot = strrchr(L->module, '.');
+        snprintf(why, why_n, "%.200s: %s; engines refuse it at --tp %d (fp4doctor scan --tp %d lists every such layer)",
+                 L->desc, scan_tp_heads_why(&cut, dot ? dot + 1 : L->module, tp, (char[400]){0}, 400), tp, tp);
+        return FP4D_EXIT_USAGE;
+    }
+    if (cut.problem == SCAN_TP_UNEVEN) {
         snprintf(why, why_n, "%.200s: %s = %lld cannot be split evenly between %d tensor-parallel ranks (split %s); "
                  "engines refuse it at --tp %d (fp4doctor scan --tp %d lists every such layer)", L->desc,
                  split_k ? "K" : "N", (long long)(split_k ? k : n), tp, how, tp, tp);
         return FP4D_EXIT_USAGE;
     }
-    if (problem == SCAN_TP_SPLIT_BLOCK) {
+    if (cut.problem == SCAN_TP_SPLIT_BLOCK) {
         snprintf(why, why_n, "%.200s: at --tp %d each rank holds K = %lld, which splits a %lld-element scale block "
                  "between two ranks; engines refuse it (fp4doctor scan --tp %d lists every such layer)", L->desc, tp,
-                 (long long)(k / tp), (long long)block, tp);
+                 (long long)cut.per_rank, (long long)block, tp);
         return FP4D_EXIT_USAGE;
     }
-    const int64_t rn = split_k ? n : n / tp, rk = split_k ? k / tp : k;
-    const int64_t row0 = split_k ? 0 : (int64_t)rank * rn, k0 = split_k ? (int64_t)rank * rk : 0;
+    const int slice = rank / cut.replicas;
+    const int64_t rn = split_k ? n : cut.per_rank, rk = split_k ? cut.per_rank : k;
+    const int64_t row0 = split_k ? 0 : (int64_t)slice * rn, k0 = split_k ? (int64_t)slice * rk : 0;
     uint8_t *codes = malloc((size_t)(rn * rk / 2)), *scales = malloc((size_t)(rn * (rk / block)));
     if (!codes || !scales) {
         free(codes);
@@ -481,9 +492,15 @@ static int layer_shard(replay_layer *L, int tp, int rank, char *why, size_t why_
     L->n = rn;
     L->k = rk;
     count_nan_scales(L);
-    snprintf(L->shard, sizeof L->shard, "rank %d of --tp %d: [%lld x %lld], split %s", rank, tp, (long long)rn,
-             (long long)rk, how);
-    if (problem == SCAN_TP_PADDED_SCALES)
+    if (cut.replicas > 1)
+        snprintf(L->shard, sizeof L->shard, "rank %d of --tp %d: [%lld x %lld], KV head %d of %lld (rows %lld..%lld), "
+                 "held alike by ranks %d..%d (fewer KV heads than ranks)", rank, tp, (long long)rn, (long long)rk,
+                 slice, (long long)(tp / cut.replicas), (long long)row0, (long long)(row0 + rn - 1),
+                 slice * cut.replicas, (slice + 1) * cut.replicas - 1);
+    else
+        snprintf(L->shard, sizeof L->shard, "rank %d of --tp %d: [%lld x %lld], split %s", rank, tp, (long long)rn,
+                 (long long)rk, how);
+    if (cut.problem == SCAN_TP_PADDED_SCALES)
         snprintf(note, note_n, "each rank's K = %lld is not a multiple of 32, so its " SCAN_TP_PADDED_SCALES_WHY,
                  (long long)rk);
     return FP4D_EXIT_OK;
@@ -803,7 +820,12 @@ int fp4d_replay_run(const fp4d_replay_options *opt, FILE *out, bool color)
     }
     shards_free(&s);
     char note[512];
-    const int sharded = layer_shard(&L, opt->tp, opt->rank, why, sizeof why, note, sizeof note);
+    /* attention projections are cut by head: the head counts come from config.json */
+    scan_heads heads = {0};
+    struct stat ckpt_st;
+    if (opt->tp > 1 && stat(opt->checkpoint, &ckpt_st) == 0 && S_ISDIR(ckpt_st.st_mode))
+        scan_heads_load(opt->checkpoint, &heads);
+    const int sharded = layer_shard(&L, &heads, opt->tp, opt->rank, why, sizeof why, note, sizeof note);
     if (sharded != FP4D_EXIT_OK) {
         fprintf(stderr, "fp4doctor replay: %s\n", why);
         free(L.codes);

@@ -191,6 +191,7 @@ typedef struct scan_ctx {
     fp4d_quant_config   *qc;
     fp4d_ckpt_format     format;
     bool                 have_config;
+    scan_heads           heads;     /* config.json's attention heads (--tp cuts attention by head) */
     /* index */
     bool                 have_index;
     json_t              *weight_map;
@@ -463,6 +464,7 @@ static fp4d_status load_configs(scan_ctx *c)
         }
         fp4d_quant_config *qc = NULL;
         st = fp4d_quant_config_parse(text, len, names[i], &qc);
+        if (i == 1) scan_heads_parse(text, len, &c->heads);
         free(text);
         if (st == FP4D_STATUS_NOMEM) return st;
         if (st != FP4D_STATUS_OK) {
@@ -1669,25 +1671,23 @@ bool fp4d_scan_hashes_available(void) { return scan_hashes_available(); }
 
 /* ---- tensor-parallel shards (--tp) ------------------------------------------------------ */
 
-/* What one rank's shard of a unit is at this TP degree (scan_tp_shard); *dim_out is the
- * dimension judged (K or N), *split_k whether it is K. */
-static scan_tp_problem shard_problem(const scan_ctx *c, const scan_unit *u, int tp, int64_t *dim_out, bool *split_k)
+/* How one rank's shard of a unit is cut at this TP degree (scan_tp_plan). */
+static scan_tp_cut shard_cut(const scan_ctx *c, const scan_unit *u, int tp)
 {
     const scan_tensor *w = &c->tensors[u->weight];
+    const scan_tp_cut none = {.problem = SCAN_TP_OK, .replicas = 1};
     int64_t n, k;
-    if (!w->trusted) return SCAN_TP_OK;
+    if (!w->trusted) return none;
     if (u->kind == UNIT_GPTOSS) {
-        if (w->ndim < 3) return SCAN_TP_OK;
+        if (w->ndim < 3) return none;
         n = w->shape[w->ndim - 3];
         k = w->shape[w->ndim - 2] * 32;
     } else {
-        if (w->ndim < 2) return SCAN_TP_OK;
+        if (w->ndim < 2) return none;
         n = w->shape[w->ndim - 2];
         k = 2 * w->shape[w->ndim - 1];
     }
-    *split_k = scan_tp_row_parallel(u->module);
-    *dim_out = *split_k ? k : n;
-    return scan_tp_shard(n, k, u->block, u->is_mx, *split_k, tp);
+    return scan_tp_plan(u->module, n, k, u->block, u->is_mx, &c->heads, tp);
 }
 
 /* One finding per weight, as for every other finding: the per-layer table then says which
@@ -1697,15 +1697,19 @@ static fp4d_status check_tp_shards(scan_ctx *c)
     const int tp = c->opt.tensor_parallel;
     for (size_t i = 0; tp > 1 && i < c->num_units; i++) {
         const scan_unit *u = &c->units[i];
-        int64_t dim = 0;
-        bool split_k = false;
-        const scan_tp_problem problem = shard_problem(c, u, tp, &dim, &split_k);
+        const scan_tp_cut cut = shard_cut(c, u, tp);
+        const scan_tp_problem problem = cut.problem;
         if (problem == SCAN_TP_OK) continue;
         const scan_tensor *w = &c->tensors[u->weight];
         const char *leaf = leaf_of(u->module);
-        const long long d = (long long)dim, per = (long long)(dim / tp);
+        const bool split_k = cut.split_k;
+        const long long d = (long long)cut.dim, per = (long long)cut.per_rank;
         fp4d_status st;
-        if (problem == SCAN_TP_UNEVEN)
+        if (problem == SCAN_TP_HEADS)
+            st = add_finding(c, FP4D_FINDING_TP_SHARD, FP4D_SCAN_ERROR, w->name, file_rel(c, w->file), 1,
+                             "%s: %s: engines refuse it at --tp %d", w->name,
+                             scan_tp_heads_why(&cut, leaf, tp, (char[400]){0}, 400), tp);
+        else if (problem == SCAN_TP_UNEVEN)
             st = add_finding(c, FP4D_FINDING_TP_SHARD, FP4D_SCAN_ERROR, w->name, file_rel(c, w->file), 1,
                              "%s has %s = %lld, which %d tensor-parallel ranks cannot split evenly (%s is split %s): "
                              "engines refuse it at --tp %d", w->name, split_k ? "K" : "N", d, tp, leaf,

@@ -89,6 +89,7 @@ bool scan_tp_row_parallel(const char *module);
 typedef enum scan_tp_problem {
     SCAN_TP_OK,
     SCAN_TP_UNEVEN,        /* the split dimension is not a multiple of tp: engines refuse it */
+    SCAN_TP_HEADS,         /* an attention head count tp cannot share out: engines refuse it */
     SCAN_TP_SPLIT_BLOCK,   /* K / tp splits a scale block between two ranks: engines refuse it */
     SCAN_TP_PADDED_SCALES, /* NVFP4 K / tp not a multiple of 32: each rank's scale rows end in a
                             * padded column (vLLM #48898); runs, but some kernels misread it */
@@ -99,8 +100,40 @@ typedef enum scan_tp_problem {
     "block-scale rows end in a padded column; FlashInfer's CUTLASS and cuDNN NVFP4 linear kernels " \
     "read stale memory there under torch.compile (vLLM #48898: garbage at TP 8, Marlin correct)"
 
-/* The problem of one rank's shard of an n x k matrix of `block`-element scale blocks. */
-scan_tp_problem scan_tp_shard(int64_t n, int64_t k, int64_t block, bool is_mx, bool row_parallel, int tp);
+/* The attention heads config.json gives (0: not given). Engines cut q_proj, k_proj, v_proj and
+ * o_proj by whole heads, so the head counts, not the row counts, say which TP degrees load. */
+typedef struct scan_heads {
+    int64_t q, kv, head_dim; /* num_attention_heads, num_key_value_heads, head_dim */
+} scan_heads;
+
+/* From config.json text (or the text_config / llm_config / language_config inside it, for
+ * multimodal models); false, *h zeroed, when it gives no head count. head_dim defaults to
+ * hidden_size / num_attention_heads, num_key_value_heads to num_attention_heads. */
+bool scan_heads_parse(const char *text, size_t len, scan_heads *h);
+/* The same from dir/config.json; false when there is none or it gives no head count. */
+bool scan_heads_load(const char *dir, scan_heads *h);
+
+/* How one rank's shard of an n x k matrix of `block`-element scale blocks is cut at TP degree
+ * tp. Attention projections whose shape matches the heads (h may be NULL) are cut by head, as
+ * vLLM's QKVParallelLinear does: num_attention_heads must be a multiple of tp; with fewer KV
+ * heads than ranks, tp must be a multiple of num_key_value_heads and each rank holds one whole
+ * KV head, replicated on tp / num_key_value_heads ranks (rank r holds head r / replicas). A
+ * projection whose shape does not match (a vision tower's, MLA's) is cut by rows. */
+typedef struct scan_tp_cut {
+    scan_tp_problem problem;
+    bool            split_k;  /* K is split (row-parallel), else N */
+    int64_t         dim;      /* the split dimension, whole */
+    int64_t         per_rank; /* its length on one rank (when problem is OK or PADDED_SCALES) */
+    int             replicas; /* ranks that hold the same slice: rank r holds slice r / replicas */
+    int64_t         heads;    /* SCAN_TP_HEADS: the head count tp cannot share out ... */
+    bool            kv_heads; /* ... and whether it is num_key_value_heads */
+} scan_tp_cut;
+
+scan_tp_cut scan_tp_plan(const char *module, int64_t n, int64_t k, int64_t block, bool is_mx, const scan_heads *h,
+                         int tp);
+/* Why a SCAN_TP_HEADS cut is refused, in the words scan's TP_SHARD error and replay share
+ * (leaf: the projection's name); returns out. */
+const char *scan_tp_heads_why(const scan_tp_cut *cut, const char *leaf, int tp, char *out, size_t size);
 
 /* digest.c: SHA-256 of the first `size` bytes of fd (pread: the file position is untouched) as
  * 64 lowercase hex digits in hex; false with the reason in why where it cannot be read or this

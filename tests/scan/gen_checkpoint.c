@@ -4,8 +4,8 @@
  * committed; tests, the benchmark and people trying `fp4doctor scan` use this.
  *
  *   gen-checkpoint DIR --format modelopt|ct-nvfp4|ct-mxfp4|gpt-oss|plain
- *                  [--layers N] [--hidden H] [--intermediate I] [--experts E] [--shards S]
- *                  [--seed S] [--zero-byte B] [--zero-fraction F] [--random-fill]
+ *                  [--layers N] [--hidden H] [--head-dim D] [--intermediate I] [--experts E]
+ *                  [--shards S] [--seed S] [--zero-byte B] [--zero-fraction F] [--random-fill]
  *                  [--plant DEFECT:TENSOR[:COUNT]]...
  */
 #include <errno.h>
@@ -27,8 +27,9 @@ static const struct {
 static int usage(void)
 {
     fprintf(stderr, "usage: gen-checkpoint DIR --format modelopt|ct-nvfp4|ct-mxfp4|gpt-oss|plain [--layers N]\n"
-                    "       [--hidden H] [--intermediate I] [--experts E] [--shards S] [--seed S] [--zero-byte B]\n"
-                    "       [--zero-fraction F] [--random-fill] [--plant DEFECT:TENSOR[:COUNT]]...\n"
+                    "       [--hidden H] [--head-dim D] [--intermediate I] [--experts E] [--shards S] [--seed S]\n"
+                    "       [--zero-byte B]"
+                    " [--zero-fraction F] [--random-fill] [--plant DEFECT:TENSOR[:COUNT]]...\n"
                     "defects:");
     for (int d = 0; d < FP4D_DEFECT_COUNT; d++) fprintf(stderr, " %s", fp4d_ckpt_defect_name((fp4d_ckpt_defect)d));
     fputc('\n', stderr);
@@ -86,6 +87,7 @@ static int run(int argc, char **argv)
             if (!strcmp(a, "--format")) continue;
             else if (!strcmp(a, "--layers")) { if (!parse_count(a, v, &p.layers)) return 2; }
             else if (!strcmp(a, "--hidden")) { if (!parse_count(a, v, &p.hidden)) return 2; }
+            else if (!strcmp(a, "--head-dim")) { if (!parse_count(a, v, &p.head_dim)) return 2; }
             else if (!strcmp(a, "--intermediate")) { if (!parse_count(a, v, &p.intermediate)) return 2; }
             else if (!strcmp(a, "--experts")) { if (!parse_count(a, v, &p.experts)) return 2; }
             else if (!strcmp(a, "--shards")) { if (!parse_count(a, v, &p.shards)) return 2; }

@@ -978,6 +978,68 @@ static void test_tensor_parallel_shards(void **s)
     rm_tree(dir);
 }
 
+/* Counts TP_SHARD errors of dir at tp, per attention projection (q, k, v, o). */
+static void tp_head_errors(const char *dir, int tp, size_t out[4])
+{
+    fp4d_scan_options opt = {0};
+    opt.threads = 2;
+    opt.tensor_parallel = tp;
+    fp4d_scan_report *r = NULL;
+    assert_int_equal(fp4d_scan_path(dir, &opt, &r), FP4D_STATUS_OK);
+    static const char *const leaf[] = {"q_proj.weight", "k_proj.weight", "v_proj.weight", "o_proj.weight"};
+    for (int i = 0; i < 4; i++) out[i] = count_code(r, FP4D_FINDING_TP_SHARD, FP4D_SCAN_ERROR, leaf[i]);
+    fp4d_scan_report_free(r);
+}
+
+/* --tp with the heads config.json gives: attention projections are cut by whole heads. hidden
+ * 96, head_dim 16: 6 query heads (q_proj 96 rows, o_proj K 96), 3 KV heads (k_proj and
+ * v_proj 48 rows). At --tp 4 every row count divides, but 6 heads do not and 3 KV heads are
+ * neither a multiple of 4 nor 4 of 3: all four are refused. At --tp 6 the KV heads are
+ * replicated (one per rank, each on two ranks) and all is well. The multimodal layout
+ * (text_config) and a config without head_dim (hidden_size / num_attention_heads) read alike;
+ * a config without heads falls back to rows. */
+static void test_tensor_parallel_heads(void **s)
+{
+    (void)s;
+    char *dir = make_tmpdir();
+    fp4d_ckpt_gen_params p;
+    fp4d_ckpt_gen_defaults(&p, FP4D_CKPT_MODELOPT_NVFP4);
+    p.layers = 1, p.hidden = 96, p.head_dim = 16, p.intermediate = 96;
+    assert_int_equal(fp4d_ckpt_generate(dir, &p), FP4D_STATUS_OK);
+    char cfg[512];
+    snprintf(cfg, sizeof cfg, "%s/config.json", dir);
+    json_error_t e;
+    json_t *root = json_load_file(cfg, 0, &e);
+    assert_non_null(root);
+    for (int variant = 0; variant < 4; variant++) {
+        json_t *c = json_deep_copy(root);
+        if (variant == 1) { /* nested, as multimodal models write it */
+            json_t *text = json_object();
+            static const char *const keys[] = {"num_attention_heads", "num_key_value_heads", "head_dim", "hidden_size"};
+            for (int i = 0; i < 4; i++) {
+                json_object_set(text, keys[i], json_object_get(c, keys[i]));
+                json_object_del(c, keys[i]);
+            }
+            json_object_set_new(c, "text_config", text);
+        }
+        if (variant == 2) json_object_del(c, "head_dim"); /* 96 / 6 = 16 */
+        if (variant == 3) json_object_del(c, "num_attention_heads"); /* no heads: rows */
+        assert_int_equal(json_dump_file(c, cfg, 0), 0);
+        json_decref(c);
+        size_t at4[4], at6[4];
+        tp_head_errors(dir, 4, at4);
+        tp_head_errors(dir, 6, at6);
+        for (int i = 0; i < 4; i++) {
+            /* by rows, only o_proj's 24 columns per rank are refused: they split a scale block */
+            if (at4[i] != (variant == 3 && i < 3 ? 0u : 1u)) fail_msg("variant %d, --tp 4, projection %d: %zu", variant, i, at4[i]);
+            /* by rows at --tp 6: k and v's 48 rows divide, 8 per rank; by heads, 3 KV heads on 6 ranks */
+            if (at6[i] != 0) fail_msg("variant %d, --tp 6, projection %d: %zu", variant, i, at6[i]);
+        }
+    }
+    json_decref(root);
+    rm_tree(dir);
+}
+
 /* The sha256 of path as 64 hex digits, by coreutils' sha256sum (independent of the library). */
 static void sha256_of(const char *path, char hex[65])
 {
@@ -1079,6 +1141,7 @@ int main(void)
         cmocka_unit_test(test_clean_modelopt),
         cmocka_unit_test(test_modelopt_config_names_the_other_format),
         cmocka_unit_test(test_tensor_parallel_shards),
+        cmocka_unit_test(test_tensor_parallel_heads),
         cmocka_unit_test(test_verify_hashes),
         cmocka_unit_test(test_cli_replay_refuses_malformed_layers),
         cmocka_unit_test(test_clean_modelopt_moe),
