@@ -183,7 +183,7 @@ int cmd_check(int argc, char **argv)
     /* A GPU that is not there is a usage error, as in `bench`: every GPU backend would be
      * UNSUPPORTED ("GPU 3 does not exist") and the run exit 0, a false green in CI. With no
      * GPU at all the GPU backends are UNSUPPORTED for that reason instead. */
-    if (opt.device >= 0 && fp4d_env_digits(getenv("FP4DOCTOR_SIMULATE_DEVICES"), 1000000) <= 0) {
+    if (opt.device >= 0 && fp4d_env_knob("FP4DOCTOR_SIMULATE_DEVICES", 0, 1000000, 0) <= 0) {
         fp4d_cuda_info ci;
         fp4d_cuda_query(&ci);
         if (ci.device_count > 0 && opt.device >= ci.device_count) {

@@ -172,6 +172,34 @@ static void test_faulty_device_pin_must_name_a_device(void **state)
     }
 }
 
+static size_t count_lines_with(const char *text, const char *needle)
+{
+    size_t n = 0;
+    for (const char *p = text; (p = strstr(p, needle)) != NULL; p += strlen(needle)) n++;
+    return n;
+}
+
+/* A variable the parent and its children both read, set wrong, is named once, not once per
+ * child (each backend's child read it again and said so again); SIMULATE_DEVICES that is not a
+ * number is said too (it was ignored in silence), and the run goes on with the real devices. */
+static void test_bad_variables_are_named_once(void **state)
+{
+    (void)state;
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd,
+             "FP4DOCTOR_INCLUDE_FAULTY=off FP4DOCTOR_TIMEOUT_SCALE=2x FP4DOCTOR_SIMULATE_DEVICES=abc '%s' check "
+             "--backend ref,cpu --device 0 --suite quick --case .m1. --no-cache 2>&1 >/dev/null",
+             bin());
+    char *out = NULL;
+    const int rc = tu_run_capture(cmd, &out);
+    assert_non_null(out);
+    if (rc != 0 || count_lines_with(out, "ignoring FP4DOCTOR_INCLUDE_FAULTY=off") != 1 ||
+        count_lines_with(out, "ignoring FP4DOCTOR_TIMEOUT_SCALE=2x") != 1 ||
+        count_lines_with(out, "ignoring FP4DOCTOR_SIMULATE_DEVICES=abc") != 1)
+        fail_msg("exit %d, want 0 and each variable named once:\n%s", rc, out);
+    free(out);
+}
+
 /* A report as the children leave it, for fp4d_report_finish: a suite's cases and up to
  * `cap` rows added by report_row. */
 static void report_make(fp4d_report *rep, fp4d_suite suite, size_t cap)
@@ -792,6 +820,7 @@ int main(void)
         cmocka_unit_test(test_m_dependent_summary),
         cmocka_unit_test(test_device_all_isolates_a_pinned_fault),
         cmocka_unit_test(test_faulty_device_pin_must_name_a_device),
+        cmocka_unit_test(test_bad_variables_are_named_once),
         cmocka_unit_test(test_cli_usage_errors),
         cmocka_unit_test(test_case_filtered_run_caches_failures_only),
         cmocka_unit_test(test_report_into_a_closed_pipe_exits_3),

@@ -14,8 +14,25 @@
 #define WARNED_MAX 32
 static const char *warned[WARNED_MAX];
 
+#define WARNED_ENV "FP4DOCTOR_INTERNAL_WARNED_KNOBS"
+
+/* Whether the process that started this one warned about name already (a comma-separated
+ * list in WARNED_ENV). */
+static int warned_by_parent(const char *name)
+{
+    const size_t n = strlen(name);
+    for (const char *p = getenv(WARNED_ENV); p && *p;) {
+        const char *comma = strchr(p, ',');
+        const size_t len = comma ? (size_t)(comma - p) : strlen(p);
+        if (len == n && !strncmp(p, name, n)) return 1;
+        p += len + (comma != NULL);
+    }
+    return 0;
+}
+
 static int first_warning(const char *name)
 {
+    if (warned_by_parent(name)) return 0;
     for (int i = 0; i < WARNED_MAX; i++) {
         const char *seen = __atomic_load_n(&warned[i], __ATOMIC_ACQUIRE);
         if (!seen) {
@@ -74,4 +91,21 @@ double fp4d_env_positive(const char *name, double hi, double fallback)
 int fp4d_env_switch(const char *name)
 {
     return fp4d_env_knob(name, 0, 1, 1) != 0;
+}
+
+void fp4d_env_knob_pass_warnings(void)
+{
+    char list[1024];
+    size_t len = 0;
+    const char *inherited = getenv(WARNED_ENV);
+    if (inherited) len = (size_t)snprintf(list, sizeof list, "%s", inherited);
+    if (len >= sizeof list) return; /* an inherited list too long to extend: keep it as it is */
+    for (int i = 0; i < WARNED_MAX; i++) {
+        const char *name = __atomic_load_n(&warned[i], __ATOMIC_ACQUIRE);
+        if (!name) break;
+        const size_t n = strlen(name);
+        if (len + n + 2 > sizeof list) break; /* the rest warn once per child, as before */
+        len += (size_t)snprintf(list + len, sizeof list - len, "%s%s", len ? "," : "", name);
+    }
+    if (len) setenv(WARNED_ENV, list, 1);
 }

@@ -25,6 +25,12 @@ double fp4d_env_positive(const char *name, double hi, double fallback);
  * is 0. Read by fp4d_env_knob over [0, 1], so "off" or "2" keeps it on, with the warning. */
 int fp4d_env_switch(const char *name);
 
+/* Puts the names warned about so far into FP4DOCTOR_INTERNAL_WARNED_KNOBS, which the knob
+ * readers of processes started after it take as warned already: `check` re-executes itself
+ * once per backend, and each child read FP4DOCTOR_INCLUDE_FAULTY=off again and said so again.
+ * setenv(): call it while no other thread reads the environment. */
+void fp4d_env_knob_pass_warnings(void);
+
 #ifdef __cplusplus
 }
 #endif

@@ -106,9 +106,8 @@ int fp4d_doctor_child_main(int argc, char **argv, int out_fd)
     fp4d_reason why = {{0}};
     /* FP4DOCTOR_SIMULATE_DEVICES (doctor.h): logical device d runs on physical d % count. */
     int physical = device;
-    const char *sim = getenv("FP4DOCTOR_SIMULATE_DEVICES");
     const fp4d_backend_iface *bi = fp4d_registry_find(backend);
-    if (device >= 0 && fp4d_env_digits(sim, 1000000) > 0 && bi && (bi->caps & FP4D_CAP_NEEDS_DEVICE)) {
+    if (device >= 0 && fp4d_env_knob("FP4DOCTOR_SIMULATE_DEVICES", 0, 1000000, 0) > 0 && bi && (bi->caps & FP4D_CAP_NEEDS_DEVICE)) {
         fp4d_cuda_info ci;
         fp4d_cuda_query(&ci);
         if (ci.device_count > 0) physical = ci.gpus[device % ci.device_count].index;

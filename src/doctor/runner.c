@@ -737,10 +737,10 @@ bool fp4d_case_selected(const fp4d_doctor_options *o, const fp4d_case *c)
 }
 
 /* A positive count from the environment (FP4DOCTOR_SIMULATE_DEVICES), else 0 (digits only,
- * as the child reads it: fp4d_env_digits). */
+ * as the child reads it; anything else is ignored with fp4d_env_knob's warning). */
 static int env_device_count(const char *name)
 {
-    const long n = fp4d_env_digits(getenv(name), 1000000);
+    const long n = fp4d_env_knob(name, 0, 1000000, 0);
     if (n <= 0) return 0;
     return n > FP4D_MAX_REPORT_DEVICES ? FP4D_MAX_REPORT_DEVICES : (int)n;
 }
@@ -943,6 +943,8 @@ fp4d_status fp4d_doctor_run(const fp4d_doctor_options *opt, fp4d_report *rep)
         snprintf(buf, sizeof buf, "%s%sabort_on_error=1", ubsan ? ubsan : "", ubsan && ubsan[0] ? ":" : "");
         setenv("UBSAN_OPTIONS", buf, 1);
     }
+    /* the children read the same variables: what was said here is not said again per child */
+    fp4d_env_knob_pass_warnings();
     int par = opt->jobs > 0 ? opt->jobs : (int)sysconf(_SC_NPROCESSORS_ONLN);
     if (par < 1) par = 1;
     if (st == FP4D_STATUS_OK) st = run_jobs(jobs, rep->num_backends, par);
