@@ -160,10 +160,16 @@ typedef struct expert_tables {
     fp4d_skinny_item        first_item; /* the host's copy of items[0] (zero when there is none) */
 } expert_tables;
 
-/* Builds the tables into `params`. async: copied in c's stream - from pageable memory the
- * runtime first waits for the stream's earlier work, so kernels still reading the previous
- * tables are done - else synchronously (callers that plan ahead of their launches). */
-static fp4d_status upload_expert_tables(cuda_ctx *c, const dev_gemm *g, int64_t piece, fp4d_devbuf *params, bool async,
+/* Builds the tables into `params`, copied in c's stream: the launches that read them follow in
+ * that stream, and from pageable memory the runtime first waits for the stream's earlier work,
+ * so kernels still reading the previous tables are done. (A synchronous cudaMemcpy was used for
+ * callers that plan ahead of their launches. From pageable memory it returns once the bytes are
+ * staged, not landed, and it runs on the legacy stream, which c's non-blocking stream does not
+ * wait for: under several host threads, whose copies queue on that one legacy stream, a skinny
+ * kernel read its item and pointer tables before they arrived and faulted - misaligned address,
+ * invalid address space - in the MoE stress case. Plain GEMMs pass their one item by value and
+ * never showed it.) */
+static fp4d_status upload_expert_tables(cuda_ctx *c, const dev_gemm *g, int64_t piece, fp4d_devbuf *params,
                                         expert_tables *t)
 {
     int64_t items = 0;
@@ -196,9 +202,8 @@ static fp4d_status upload_expert_tables(cuda_ctx *c, const dev_gemm *g, int64_t 
     memcpy(host + items_bytes + 2 * ptr_bytes, g->alpha, (size_t)g->num_experts * sizeof(float));
     fp4d_status st = fp4d_devbuf_reserve(params, total, false);
     if (st == FP4D_STATUS_OK) {
-        /* either way the host table can be freed right after */
-        cudaError_t e = async ? cudaMemcpyAsync(params->ptr, host, total, cudaMemcpyHostToDevice, c->stream)
-                              : cudaMemcpy(params->ptr, host, total, cudaMemcpyHostToDevice);
+        /* from pageable memory the call returns once the bytes are staged: host can be freed */
+        cudaError_t e = cudaMemcpyAsync(params->ptr, host, total, cudaMemcpyHostToDevice, c->stream);
         if (e != cudaSuccess) st = fp4d_cuda_status(e, "cuda: upload work items");
     }
     t->first_item = it[0];
@@ -222,7 +227,7 @@ static fp4d_status plan_skinny(cuda_ctx *c, const dev_gemm *g, fp4d_devbuf *para
 {
     const int64_t mx = max_rows_per_expert(g);
     expert_tables t;
-    FP4D_FORWARD_IF_ERROR(upload_expert_tables(c, g, mx <= 16 ? 16 : 32, params, false, &t));
+    FP4D_FORWARD_IF_ERROR(upload_expert_tables(c, g, mx <= 16 ? 16 : 32, params, &t));
     const int64_t n_items = t.n_items;
     const int32_t max_item_rows = t.max_item_rows;
 
@@ -401,7 +406,7 @@ static fp4d_status run_fused_grouped(cuda_ctx *c, const dev_gemm *g, const void 
     const size_t esz = 2;
     const int tile = fp4d_cuda_fused_grouped_tok(max_rows);
     expert_tables t;
-    FP4D_FORWARD_IF_ERROR(upload_expert_tables(c, g, tile, &c->gparams, true, &t));
+    FP4D_FORWARD_IF_ERROR(upload_expert_tables(c, g, tile, &c->gparams, &t));
     if (t.n_items == 0) return FP4D_STATUS_OK;
     size_t partial_floats = 0, counter_count = 0;
     const int32_t splits = fp4d_cuda_fused_grouped_plan(t.n_items, t.max_item_rows, g->n, g->k, c->sm_count,
@@ -508,7 +513,7 @@ static fp4d_status run_dev_gemm(cuda_ctx *c, const dev_gemm *g)
         }
     }
     fp4d_skinny_args args;
-    const fp4d_status st = plan_skinny(c, &gs, &c->params, &args); /* copies the tables synchronously */
+    const fp4d_status st = plan_skinny(c, &gs, &c->params, &args); /* tables copied in c's stream */
     free(stream);
     FP4D_FORWARD_IF_ERROR(st);
     return launch_skinny(c, &args);
@@ -982,6 +987,11 @@ static fp4d_status cuda_bench(void *ctx, const fp4d_gemm_desc *d, int repeats, f
         (void)cudaGetLastError();
         for (int i = 0; st == FP4D_STATUS_OK && s->path == PATH_SKINNY && i < s->copies; i++)
             st = plan_skinny(c, &s->g[i], &s->params[i], &s->args[i]);
+        /* the plans' tables are copied in the stream: landed before anything is timed */
+        if (st == FP4D_STATUS_OK && s->path == PATH_SKINNY) {
+            const cudaError_t landed = cudaStreamSynchronize(c->stream);
+            if (landed != cudaSuccess) st = fp4d_cuda_status((int)landed, "cuda: bench work-item tables");
+        }
         /* Each plan points to the split-K scratch as it was when it was made. A later copy that
          * needs more (another routing: more items, longer ones) makes it anew and frees the old
          * one, which an earlier plan would then still use: every plan takes the final buffers,
