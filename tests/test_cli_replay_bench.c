@@ -461,12 +461,44 @@ static void test_tensor_parallel_cuts_attention_by_head(void **state)
     assert_int_equal(run_cli("scan '%s' --tp 32", path_of("heads")), 1);
     assert_true(output_contains("stdout.txt", "o_proj.weight: config.json gives num_attention_heads = 16"));
     assert_false(output_contains("stdout.txt", "num_key_value_heads")); /* 8 KV heads, each on 4 of 32 ranks */
-    assert_int_equal(run_cli("scan '%s' --tp 12", path_of("heads")), 1);
-    assert_true(output_contains("stdout.txt", "k_proj.weight: config.json gives num_key_value_heads = 8, which 12"));
+    /* 12 query heads and 6 KV heads (hidden 192) at --tp 4: the query heads share out, the KV
+     * heads do not (6 is no multiple of 4, nor 4 of 6) */
+    p.hidden = 192;
+    assert_int_equal(fp4d_ckpt_generate(path_of("heads6"), &p), FP4D_STATUS_OK);
+    assert_int_equal(run_cli("scan '%s' --tp 4", path_of("heads6")), 1);
+    assert_true(output_contains("stdout.txt", "k_proj.weight: config.json gives num_key_value_heads = 6, which 4"));
+    assert_true(output_contains("stdout.txt", "v_proj.weight: config.json gives num_key_value_heads = 6, which 4"));
+    assert_false(output_contains("stdout.txt", "num_attention_heads"));
+    assert_int_equal(run_cli("replay '%s' --layer %s --backend cpu --tp 4", path_of("heads6"), kproj), 2);
+    assert_true(output_contains("stderr.txt", "the KV heads must be a multiple of the TP degree, or the TP degree a "
+                                              "multiple of them"));
     /* at --tp 16 the heads share out (the planted NaN scale is the one error) */
     assert_int_equal(run_cli("scan '%s' --tp 16 --json '%s'", path_of("heads"), path_of("heads.json")), 1);
     assert_false(output_contains("stdout.txt", "num_key_value_heads"));
     assert_false(output_contains("stdout.txt", "num_attention_heads"));
+    /* k_proj alone at --tp 32: its 8 KV heads would go 4 ranks each, but q, k and v are one layer
+     * to the engine, and its 16 query heads do not share out */
+    assert_int_equal(run_cli("replay '%s' --layer %s --backend cpu --tp 32", path_of("heads"), kproj), 2);
+    assert_true(output_contains("stderr.txt", "num_attention_heads = 16, which 32"));
+
+    /* config.json from someone else: a head_dim past 2^24 (whose products overflowed) is not
+     * taken (hidden_size / heads is), and a FIFO is refused, not waited on: rows, with a note */
+    char cfg[512];
+    snprintf(cfg, sizeof cfg, "%s/config.json", path_of("heads"));
+    FILE *f = fopen(cfg, "w");
+    assert_non_null(f);
+    fputs("{\"num_attention_heads\": 16, \"num_key_value_heads\": 8, \"hidden_size\": 256, "
+          "\"head_dim\": 4611686018427387936}", f);
+    assert_int_equal(fclose(f), 0);
+    assert_int_equal(run_cli("replay '%s' --layer %s --backend cpu --tp 16 --rank 5", path_of("heads"), kproj), 1);
+    assert_true(output_contains("stdout.txt", "KV head 2 of 8 (rows 32..47)"));
+    assert_int_equal(unlink(cfg), 0);
+    assert_int_equal(mkfifo(cfg, 0644), 0);
+    assert_int_equal(run_cli("replay '%s' --layer %s --backend cpu --tp 16 --rank 5", path_of("heads"), kproj), 0);
+    assert_true(output_contains("stderr.txt", "cannot use config.json (not a regular file); attention projections "
+                                              "are cut by rows"));
+    assert_true(output_contains("stdout.txt", "rank 5 of --tp 16: [8 x 256], split along its output rows N"));
+    assert_int_equal(unlink(cfg), 0);
 }
 
 /* scan --json LINK, LINK a symbolic or hard link made outside the folder to one of its shards

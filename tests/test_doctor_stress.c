@@ -130,6 +130,17 @@ static fp4d_case_result run(const char *backend, const fp4d_case *c)
     return r;
 }
 
+/* One GEMM (op: plain or grouped) of a stress case's batch, m rows, run alone as a case of its own. */
+static fp4d_case_result run_alone(const char *backend, const fp4d_case *stress, fp4d_case_op op, int64_t m)
+{
+    fp4d_case alone = *stress;
+    alone.op = op;
+    alone.m = m;
+    alone.threads = alone.rounds = 0;
+    snprintf(alone.name, sizeof alone.name, "alone.%s.m%lld", op == FP4D_CASE_GROUPED ? "moe" : "gemm", (long long)m);
+    return run(backend, &alone);
+}
+
 static int64_t batch_rows(void)
 {
     int64_t rows = 0;
@@ -185,12 +196,7 @@ static void test_overlap_fault_is_concurrency(void **state)
     assert_non_null(strstr(r.detail, "right alone, wrong with 4 instances at once"));
     assert_non_null(strstr(r.detail, "M = 300: rows 256..299; M = 200: rows 128..199"));
 
-    fp4d_case alone = c;
-    alone.op = FP4D_CASE_GEMM;
-    alone.m = 300;
-    alone.threads = alone.rounds = 0;
-    snprintf(alone.name, sizeof alone.name, "nvfp4.alone.m300");
-    fp4d_case_result a = run("faulty-concurrent", &alone);
+    fp4d_case_result a = run_alone("faulty-concurrent", &c, FP4D_CASE_GEMM, 300);
     assert_int_equal(a.verdict, FP4D_VERDICT_PASS);
 }
 
@@ -289,12 +295,7 @@ static void test_moe_stress(void **state)
     if (!strstr(r.detail, "M = 600 over 8 experts: rows expert 0: 0..108 (of 109); expert 2: 128..192 (of 193)"))
         fail_msg("%s", r.detail);
 
-    fp4d_case alone = c;
-    alone.op = FP4D_CASE_GROUPED;
-    alone.m = 600;
-    alone.threads = alone.rounds = 0;
-    snprintf(alone.name, sizeof alone.name, "moe.alone.m600");
-    fp4d_case_result a = run("faulty-concurrent", &alone);
+    fp4d_case_result a = run_alone("faulty-concurrent", &c, FP4D_CASE_GROUPED, 600);
     if (a.verdict != FP4D_VERDICT_PASS) fail_msg("alone: %s: %s", fp4d_verdict_name(a.verdict), a.detail);
 
     /* wrong alone in one expert's second half tile: that cause stands */

@@ -6,6 +6,7 @@
 
 #include <jansson.h>
 
+#include "internal.h"
 #include "scan/scan_internal.h"
 
 /* The number right after "<component>." where component is one of keys, at a component
@@ -64,10 +65,13 @@ bool scan_tp_row_parallel(const char *module)
 
 /* ---- attention heads --------------------------------------------------------------------- */
 
+/* A head count or size: positive and below 2^24, else 0 (not given). */
 static int64_t positive_int(const json_t *o, const char *key)
 {
     const json_t *v = json_object_get(o, key);
-    return json_is_integer(v) && json_integer_value(v) > 0 ? (int64_t)json_integer_value(v) : 0;
+    return json_is_integer(v) && json_integer_value(v) > 0 && json_integer_value(v) < (1 << 24)
+               ? (int64_t)json_integer_value(v)
+               : 0;
 }
 
 static bool heads_of(const json_t *root, scan_heads *h)
@@ -98,19 +102,31 @@ bool scan_heads_parse(const char *text, size_t len, scan_heads *h)
     return ok;
 }
 
-bool scan_heads_load(const char *dir, scan_heads *h)
+fp4d_status scan_heads_load(const char *dir, scan_heads *h, bool *found, char *why, size_t why_len)
 {
     memset(h, 0, sizeof *h);
+    *found = false;
+    why[0] = '\0';
     size_t n = strlen(dir) + sizeof "/config.json";
     char *path = malloc(n);
-    if (!path) return false;
+    FP4D_RETURN_ERROR_IF(!path, NOMEM, "out of memory");
     snprintf(path, n, "%s/config.json", dir);
-    json_error_t err;
-    json_t *root = json_load_file(path, 0, &err);
+    char *text = NULL;
+    size_t len = 0;
+    small_file_state state;
+    const fp4d_status st = scan_read_small_file(path, &text, &len, &state, why, why_len);
     free(path);
-    const bool ok = heads_of(root, h);
-    json_decref(root);
-    return ok;
+    FP4D_FORWARD_IF_ERROR(st);
+    if (state == SMALL_FILE_READ) {
+        json_error_t err;
+        json_t *root = json_loadb(text, len, 0, &err);
+        if (!root) snprintf(why, why_len, "%s (line %d, column %d)", err.text, err.line, err.column);
+        else if (!json_is_object(root)) snprintf(why, why_len, "not a JSON object");
+        *found = heads_of(root, h);
+        json_decref(root);
+    }
+    free(text);
+    return FP4D_STATUS_OK;
 }
 
 typedef enum attn_role { ATTN_NONE, ATTN_Q, ATTN_KV, ATTN_O } attn_role;
@@ -130,9 +146,10 @@ const char *scan_tp_heads_why(const scan_tp_cut *cut, const char *leaf, int tp, 
     snprintf(out, size,
              "config.json gives %s = %lld, which %d tensor-parallel ranks cannot share out (%s is cut by whole "
              "heads; %s)", cut->kv_heads ? "num_key_value_heads" : "num_attention_heads", (long long)cut->heads, tp,
-             leaf, cut->kv_heads ? "the KV heads must be a multiple of the TP degree, or the TP degree a multiple of "
-                                   "them, each rank then holding one KV head"
-                                 : "the heads must be a multiple of the TP degree");
+             leaf,
+             cut->kv_heads ? "the KV heads must be a multiple of the TP degree, or the TP degree a multiple of "
+                             "them, each rank then holding one KV head"
+                           : "the query heads must be a multiple of the TP degree");
     return out;
 }
 
@@ -145,10 +162,19 @@ scan_tp_cut scan_tp_plan(const char *module, int64_t n, int64_t k, int64_t block
     if (tp <= 1 || cut.dim <= 0) return cut;
     const attn_role role = attn_role_of(module);
     if (h && h->q > 0 && h->head_dim > 0 && role != ATTN_NONE) {
+        /* the counts are below 2^24 (heads_of), so these products cannot overflow */
         const int64_t d = h->head_dim, kv = h->kv > 0 ? h->kv : h->q;
         const bool by_heads = role == ATTN_Q ? n == h->q * d : role == ATTN_O ? k == h->q * d : n == kv * d;
+        /* q, k and v are one layer to the engine (QKVParallelLinear): its query heads must
+         * share out for k_proj and v_proj to load at all */
+        if (by_heads && h->q % tp) {
+            cut.problem = SCAN_TP_HEADS, cut.heads = h->q;
+            return cut;
+        }
         if (by_heads && role == ATTN_KV) {
             if (tp >= kv ? tp % kv != 0 : kv % tp != 0) {
+                /* kv != q here: config.json gave num_key_value_heads (kv = q when it does not,
+                 * and q % tp == 0 above makes that share out) */
                 cut.problem = SCAN_TP_HEADS, cut.heads = kv, cut.kv_heads = true;
                 return cut;
             }
@@ -157,9 +183,6 @@ scan_tp_cut scan_tp_plan(const char *module, int64_t n, int64_t k, int64_t block
                 cut.per_rank = d;
                 return cut;
             }
-        } else if (by_heads && h->q % tp) {
-            cut.problem = SCAN_TP_HEADS, cut.heads = h->q;
-            return cut;
         }
     }
     if (cut.dim % tp) {

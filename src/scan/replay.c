@@ -823,8 +823,19 @@ int fp4d_replay_run(const fp4d_replay_options *opt, FILE *out, bool color)
     /* attention projections are cut by head: the head counts come from config.json */
     scan_heads heads = {0};
     struct stat ckpt_st;
-    if (opt->tp > 1 && stat(opt->checkpoint, &ckpt_st) == 0 && S_ISDIR(ckpt_st.st_mode))
-        scan_heads_load(opt->checkpoint, &heads);
+    if (opt->tp > 1 && stat(opt->checkpoint, &ckpt_st) == 0 && S_ISDIR(ckpt_st.st_mode)) {
+        bool found = false;
+        char cfg_why[256];
+        if (scan_heads_load(opt->checkpoint, &heads, &found, cfg_why, sizeof cfg_why) != FP4D_STATUS_OK) {
+            fprintf(stderr, "fp4doctor replay: %s\n", fp4d_last_error());
+            free(L.codes);
+            free(L.scales);
+            return FP4D_EXIT_INTERNAL;
+        }
+        if (cfg_why[0])
+            fprintf(stderr, "fp4doctor replay: cannot use config.json (%s); attention projections are cut by rows, "
+                    "not by heads (run fp4doctor scan)\n", cfg_why);
+    }
     const int sharded = layer_shard(&L, &heads, opt->tp, opt->rank, why, sizeof why, note, sizeof note);
     if (sharded != FP4D_EXIT_OK) {
         fprintf(stderr, "fp4doctor replay: %s\n", why);

@@ -377,18 +377,9 @@ static char *path_join(const char *dir, const char *name)
     return p;
 }
 
-/* A small text file (a config, the index): read, absent, or there but unreadable. */
-typedef enum small_file_state { SMALL_FILE_READ, SMALL_FILE_ABSENT, SMALL_FILE_UNREADABLE } small_file_state;
-
-/* Reads a small text file whole (configs, the index) into *text (NUL-terminated; the caller
- * frees). Only "nothing is there" (ENOENT, ENOTDIR) counts as absent; a file that is there but
- * cannot be read - no permission, a symbolic-link loop or a link to a missing file, a
- * directory, a FIFO, a read error, more than 256 MiB - is SMALL_FILE_UNREADABLE with the reason
- * in why: taking it for absent made a scan with an unreadable index list the folder without a
- * word, and report every stale shard's tensors as duplicates. Fails (NOMEM) only on a limit of
- * this process: out of memory or descriptors. */
-static fp4d_status read_small_file(const char *path, char **text, size_t *len_out, small_file_state *state,
-                                   char *why, size_t why_len)
+/* read_small_file: see scan_internal.h. */
+fp4d_status scan_read_small_file(const char *path, char **text, size_t *len_out, small_file_state *state, char *why,
+                                 size_t why_len)
 {
     *text = NULL;
     *len_out = 0;
@@ -453,7 +444,7 @@ static fp4d_status load_configs(scan_ctx *c)
         size_t len = 0;
         char *text = NULL, why[160];
         small_file_state state;
-        fp4d_status st = read_small_file(p, &text, &len, &state, why, sizeof why);
+        fp4d_status st = scan_read_small_file(p, &text, &len, &state, why, sizeof why);
         free(p);
         FP4D_FORWARD_IF_ERROR(st);
         if (state == SMALL_FILE_ABSENT) continue;
@@ -603,7 +594,7 @@ fp4d_status scan_index_load(const char *dir, scan_index_state *state, json_t **w
     size_t len = 0;
     char *text = NULL;
     small_file_state fs;
-    fp4d_status rs = read_small_file(p, &text, &len, &fs, why, why_len);
+    fp4d_status rs = scan_read_small_file(p, &text, &len, &fs, why, why_len);
     free(p);
     FP4D_FORWARD_IF_ERROR(rs);
     if (fs == SMALL_FILE_ABSENT) *state = SCAN_INDEX_ABSENT;
@@ -1612,7 +1603,7 @@ static fp4d_status check_file_digests(scan_ctx *c)
         char *p = dir ? path_join(dir, "SHA256SUMS") : NULL;
         free(dir);
         if (!p) return fp4d_set_error(FP4D_STATUS_NOMEM, "out of memory");
-        fp4d_status st = read_small_file(p, &sums, &sums_len, &state, why, sizeof why);
+        fp4d_status st = scan_read_small_file(p, &sums, &sums_len, &state, why, sizeof why);
         free(p);
         FP4D_FORWARD_IF_ERROR(st);
         if (state == SMALL_FILE_UNREADABLE)

@@ -100,18 +100,36 @@ typedef enum scan_tp_problem {
     "block-scale rows end in a padded column; FlashInfer's CUTLASS and cuDNN NVFP4 linear kernels " \
     "read stale memory there under torch.compile (vLLM #48898: garbage at TP 8, Marlin correct)"
 
+/* A small text file (a config, the index): read, absent, or there but unreadable. */
+typedef enum small_file_state { SMALL_FILE_READ, SMALL_FILE_ABSENT, SMALL_FILE_UNREADABLE } small_file_state;
+
+/* Reads a small text file whole (configs, the index) into *text (NUL-terminated; the caller
+ * frees). Only "nothing is there" (ENOENT, ENOTDIR) counts as absent; a file that is there but
+ * cannot be read - no permission, a symbolic-link loop or a link to a missing file, a
+ * directory, a FIFO (never waited on), a read error, more than 256 MiB - is
+ * SMALL_FILE_UNREADABLE with the reason in why: taking it for absent made a scan with an
+ * unreadable index list the folder without a word, and report every stale shard's tensors as
+ * duplicates. Fails (NOMEM) only on a limit of this process: out of memory or descriptors. */
+fp4d_status scan_read_small_file(const char *path, char **text, size_t *len_out, small_file_state *state, char *why,
+                                 size_t why_len);
+
 /* The attention heads config.json gives (0: not given). Engines cut q_proj, k_proj, v_proj and
  * o_proj by whole heads, so the head counts, not the row counts, say which TP degrees load. */
 typedef struct scan_heads {
-    int64_t q, kv, head_dim; /* num_attention_heads, num_key_value_heads, head_dim */
+    int64_t q, kv, head_dim; /* num_attention_heads, num_key_value_heads, head_dim (each < 2^24) */
 } scan_heads;
 
 /* From config.json text (or the text_config / llm_config / language_config inside it, for
  * multimodal models); false, *h zeroed, when it gives no head count. head_dim defaults to
- * hidden_size / num_attention_heads, num_key_value_heads to num_attention_heads. */
+ * hidden_size / num_attention_heads, num_key_value_heads to num_attention_heads. A count of
+ * 2^24 or more is taken as not given (no real model has one, and products of such numbers
+ * would overflow). */
 bool scan_heads_parse(const char *text, size_t len, scan_heads *h);
-/* The same from dir/config.json; false when there is none or it gives no head count. */
-bool scan_heads_load(const char *dir, scan_heads *h);
+/* The same from dir/config.json, read as scan reads it (regular files only, never waiting on
+ * a FIFO). false when it gives no head count; *why then says why when config.json is there but
+ * cannot be read or parsed (empty when it is absent or simply has no heads). NOMEM only on a
+ * limit of this process. */
+fp4d_status scan_heads_load(const char *dir, scan_heads *h, bool *found, char *why, size_t why_len);
 
 /* How one rank's shard of an n x k matrix of `block`-element scale blocks is cut at TP degree
  * tp. Attention projections whose shape matches the heads (h may be NULL) are cut by head, as

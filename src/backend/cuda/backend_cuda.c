@@ -161,8 +161,7 @@ typedef struct expert_tables {
 } expert_tables;
 
 /* Builds the tables into `params`, copied in c's stream: the launches that read them follow in
- * that stream, and from pageable memory the runtime first waits for the stream's earlier work,
- * so kernels still reading the previous tables are done. (A synchronous cudaMemcpy was used for
+ * that stream, and the kernels still reading the previous tables come before the copy. (A synchronous cudaMemcpy was used for
  * callers that plan ahead of their launches. From pageable memory it returns once the bytes are
  * staged, not landed, and it runs on the legacy stream, which c's non-blocking stream does not
  * wait for: under several host threads, whose copies queue on that one legacy stream, a skinny
