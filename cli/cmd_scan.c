@@ -27,8 +27,9 @@ static void scan_usage(FILE *f)
                "  --scales-only  read only block-scale and global-scale tensors (~11%% of the bytes)\n"
                "  --json FILE|-  write the JSON report (docs/json-schema.md) to FILE or stdout\n"
                "  --tp N         judge each quantized linear's shard at tensor-parallel degree N (1..1024, 1: none):\n"
-               "                 a K or N that N ranks cannot split, a scale block split between ranks,\n"
-               "                 an NVFP4 K per rank that is not a multiple of 32 (vLLM #48898)\n"
+               "                 a K or N that N ranks cannot split, attention heads (config.json) they\n"
+               "                 cannot share out, a scale block split between ranks, an NVFP4 K per\n"
+               "                 rank that is not a multiple of 32 (vLLM #48898)\n"
                "  --verify-hashes\n"
                "                 sha256 of every file against its Hugging Face cache blob name\n"
                "                 (snapshots/REV/NAME -> blobs/SHA256) or a SHA256SUMS file beside it\n"
@@ -193,7 +194,9 @@ static void replay_usage(FILE *f)
                "  --rows M        activation rows, 1..4096 (default 16)\n"
                "  --seed S        activation seed (default 1)\n"
                "  --tp N          replay one rank's shard at tensor-parallel degree N, 1..1024:\n"
-               "                  down_proj, o_proj, ... split along K, other linears along N\n"
+               "                  down_proj, o_proj, ... split along K, other linears along N;\n"
+               "                  q/k/v/o_proj by whole heads (config.json), a KV head whole on each\n"
+               "                  rank that shares it\n"
                "  --rank R        which rank's shard, 0..N-1 (default 0)\n\n"
                "exit: 0 every backend PASS or UNSUPPORTED, 1 a failure, 2 usage, 3 unreadable input\n");
 }
