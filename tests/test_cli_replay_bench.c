@@ -24,6 +24,7 @@
 #include <cmocka.h>
 #include <jansson.h>
 
+#include "fp4doctor/io.h"
 #include "fp4doctor/scan.h"
 #include "scan/replay.h"
 #include "test_util.h"
@@ -501,6 +502,76 @@ static void test_tensor_parallel_cuts_attention_by_head(void **state)
     assert_int_equal(unlink(cfg), 0);
 }
 
+/* A folder of one ModelOpt layer, model.layers.0.self_attn.qkv_proj: q, k and v fused as Phi-3
+ * and Phi-4 ship them ([q | k | v] rows), q_heads and kv_heads of 16 rows, K = 64, and a
+ * config.json giving those heads. Row r's block scales are 0x30 + r % 8 (e4m3 0.25..0.4375), so
+ * a shard's rows can be told apart; the codes are a fixed pattern. */
+static void write_fused_qkv(const char *name, int q_heads, int kv_heads)
+{
+    const int64_t n = (int64_t)(q_heads + 2 * kv_heads) * 16, k = 64;
+    assert_int_equal(mkdir(path_of(name), 0755), 0);
+    char path[512];
+    snprintf(path, sizeof path, "%s/config.json", path_of(name));
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fprintf(f, "{\"num_attention_heads\": %d, \"num_key_value_heads\": %d, \"head_dim\": 16, \"hidden_size\": %d}",
+            q_heads, kv_heads, q_heads * 16);
+    assert_int_equal(fclose(f), 0);
+    uint8_t *codes = malloc((size_t)(n * k / 2)), *scales = malloc((size_t)(n * k / 16));
+    assert_true(codes && scales);
+    for (int64_t i = 0; i < n * k / 2; i++) codes[i] = (uint8_t)(0x21 + i % 5);
+    for (int64_t r = 0; r < n; r++) memset(scales + r * (k / 16), 0x30 + (int)(r % 8), (size_t)(k / 16));
+    const float one = 1.0f;
+    const int64_t wshape[2] = {n, k / 2}, sshape[2] = {n, k / 16}, none[1] = {0};
+    fp4d_st_writer *w = fp4d_st_writer_new();
+    assert_non_null(w);
+    const char *m = "model.layers.0.self_attn.qkv_proj";
+    char t[128];
+    snprintf(t, sizeof t, "%s.weight", m);
+    assert_int_equal(fp4d_st_writer_add(w, t, FP4D_ST_U8, 2, wshape, codes, (size_t)(n * k / 2)), FP4D_STATUS_OK);
+    snprintf(t, sizeof t, "%s.weight_scale", m);
+    assert_int_equal(fp4d_st_writer_add(w, t, FP4D_ST_F8_E4M3, 2, sshape, scales, (size_t)(n * k / 16)), FP4D_STATUS_OK);
+    snprintf(t, sizeof t, "%s.weight_scale_2", m);
+    assert_int_equal(fp4d_st_writer_add(w, t, FP4D_ST_F32, 0, none, &one, 4), FP4D_STATUS_OK);
+    snprintf(t, sizeof t, "%s.input_scale", m);
+    assert_int_equal(fp4d_st_writer_add(w, t, FP4D_ST_F32, 0, none, &one, 4), FP4D_STATUS_OK);
+    snprintf(path, sizeof path, "%s/model.safetensors", path_of(name));
+    assert_int_equal(fp4d_st_writer_save(w, path), FP4D_STATUS_OK);
+    fp4d_st_writer_free(w);
+    free(codes);
+    free(scales);
+}
+
+/* A fused qkv_proj is cut as vLLM cuts it: each rank takes its query heads' rows and its KV
+ * head's k and v rows, three ranges, and the heads must share out. Rows alone (384 % 4 == 0)
+ * said nothing of 6 KV heads at --tp 4. */
+static void test_tensor_parallel_fused_qkv(void **state)
+{
+    (void)state;
+    const char *qkv = "model.layers.0.self_attn.qkv_proj";
+    /* 8 query heads, 2 KV heads: at --tp 8 rank 5 holds query head 5 (rows 80..95) and KV head
+     * 1, held by ranks 4..7: k rows 128 + 16..31, v rows 160 + 16..31 */
+    write_fused_qkv("fused", 8, 2);
+    assert_int_equal(run_cli("replay '%s' --layer %s --backend ref,cpu --tp 8 --rank 5", path_of("fused"), qkv), 0);
+    assert_true(output_contains("stdout.txt", "rank 5 of --tp 8: [48 x 64], by heads: q rows 80..95, k rows "
+                                              "144..159, v rows 176..191 (one KV head, held alike by several ranks)"));
+    assert_true(output_contains("stdout.txt", "PASS"));
+    assert_int_equal(run_cli("replay '%s' --layer %s --backend cpu --tp 2 --rank 1", path_of("fused"), qkv), 0);
+    assert_true(output_contains("stdout.txt", "[96 x 64], by heads: q rows 64..127, k rows 144..159, v rows 176..191"));
+    run_cli("scan '%s' --tp 8", path_of("fused")); /* (no quantization config: other findings) */
+    assert_true(output_contains("stdout.txt", "quantized linear"));
+    assert_false(output_contains("stdout.txt", "TP_SHARD"));
+    /* 12 query heads, 6 KV heads at --tp 4: refused by both */
+    write_fused_qkv("fused6", 12, 6);
+    assert_int_equal(run_cli("scan '%s' --tp 4", path_of("fused6")), 1);
+    assert_true(output_contains("stdout.txt", "qkv_proj.weight: config.json gives num_key_value_heads = 6, which 4"));
+    assert_int_equal(run_cli("replay '%s' --layer %s --backend cpu --tp 4", path_of("fused6"), qkv), 2);
+    assert_true(output_contains("stderr.txt", "num_key_value_heads = 6, which 4 tensor-parallel ranks cannot share out"));
+    run_cli("scan '%s' --tp 3", path_of("fused6")); /* 12 and 6 heads: 4 and 2 a rank */
+    assert_true(output_contains("stdout.txt", "quantized linear"));
+    assert_false(output_contains("stdout.txt", "TP_SHARD"));
+}
+
 /* scan --json LINK, LINK a symbolic or hard link made outside the folder to one of its shards
  * or configs, wrote the report through the link: the shard was emptied before the scan read it
  * (FILE_TRUNCATED) and then held the report. Refused now, the files as they were. */
@@ -695,6 +766,7 @@ int main(void)
         cmocka_unit_test(test_replay_unusable_index),
         cmocka_unit_test(test_replay_tensor_parallel_shard),
         cmocka_unit_test(test_tensor_parallel_cuts_attention_by_head),
+        cmocka_unit_test(test_tensor_parallel_fused_qkv),
         cmocka_unit_test(test_scan_report_never_overwrites_the_checkpoint),
         cmocka_unit_test(test_replay_plugin_unloadable),
         cmocka_unit_test(test_replay_timeout_grows_with_work),

@@ -129,7 +129,7 @@ fp4d_status scan_heads_load(const char *dir, scan_heads *h, bool *found, char *w
     return FP4D_STATUS_OK;
 }
 
-typedef enum attn_role { ATTN_NONE, ATTN_Q, ATTN_KV, ATTN_O } attn_role;
+typedef enum attn_role { ATTN_NONE, ATTN_Q, ATTN_KV, ATTN_QKV, ATTN_O } attn_role;
 
 static attn_role attn_role_of(const char *module)
 {
@@ -137,6 +137,7 @@ static attn_role attn_role_of(const char *module)
     const char *leaf = dot ? dot + 1 : module;
     if (!strcmp(leaf, "q_proj")) return ATTN_Q;
     if (!strcmp(leaf, "k_proj") || !strcmp(leaf, "v_proj")) return ATTN_KV;
+    if (!strcmp(leaf, "qkv_proj")) return ATTN_QKV; /* q, k and v rows in one tensor (Phi-3, Phi-4) */
     if (!strcmp(leaf, "o_proj")) return ATTN_O;
     return ATTN_NONE;
 }
@@ -164,22 +165,32 @@ scan_tp_cut scan_tp_plan(const char *module, int64_t n, int64_t k, int64_t block
     if (h && h->q > 0 && h->head_dim > 0 && role != ATTN_NONE) {
         /* the counts are below 2^24 (heads_of), so these products cannot overflow */
         const int64_t d = h->head_dim, kv = h->kv > 0 ? h->kv : h->q;
-        const bool by_heads = role == ATTN_Q ? n == h->q * d : role == ATTN_O ? k == h->q * d : n == kv * d;
+        const bool by_heads = role == ATTN_Q     ? n == h->q * d
+                              : role == ATTN_O   ? k == h->q * d
+                              : role == ATTN_QKV ? n == (h->q + 2 * kv) * d
+                                                 : n == kv * d;
         /* q, k and v are one layer to the engine (QKVParallelLinear): its query heads must
          * share out for k_proj and v_proj to load at all */
         if (by_heads && h->q % tp) {
             cut.problem = SCAN_TP_HEADS, cut.heads = h->q;
             return cut;
         }
-        if (by_heads && role == ATTN_KV) {
+        if (by_heads && (role == ATTN_KV || role == ATTN_QKV)) {
             if (tp >= kv ? tp % kv != 0 : kv % tp != 0) {
                 /* kv != q here: config.json gave num_key_value_heads (kv = q when it does not,
                  * and q % tp == 0 above makes that share out) */
                 cut.problem = SCAN_TP_HEADS, cut.heads = kv, cut.kv_heads = true;
                 return cut;
             }
-            if (tp >= kv) { /* one whole KV head per rank, each held by tp / kv ranks */
-                cut.replicas = (int)(tp / kv);
+            const int64_t kv_rows = tp >= kv ? d : kv / tp * d;
+            if (tp >= kv) cut.replicas = (int)(tp / kv); /* one whole KV head per rank, on tp / kv ranks */
+            if (role == ATTN_QKV) { /* the rank's query heads, then its k and its v rows */
+                cut.qkv_q_rows = h->q / tp * d, cut.qkv_kv_rows = kv_rows;
+                cut.qkv_q_all = h->q * d, cut.qkv_kv_all = kv * d;
+                cut.per_rank = cut.qkv_q_rows + 2 * kv_rows;
+                return cut;
+            }
+            if (tp >= kv) {
                 cut.per_rank = d;
                 return cut;
             }

@@ -435,12 +435,24 @@ bad_shape:
 
 /* ---- one tensor-parallel rank's shard ------------------------------------------------------- */
 
+/* The row of the whole matrix that row r of rank's shard is (N-split cuts; a K-split keeps every
+ * row): the rank's slice of N, or of a fused qkv_proj its q rows, then its k and its v rows. */
+static int64_t shard_source_row(const scan_tp_cut *cut, int rank, int64_t r)
+{
+    if (!cut->qkv_q_rows) return (int64_t)(rank / cut->replicas) * cut->per_rank + r;
+    if (r < cut->qkv_q_rows) return (int64_t)rank * cut->qkv_q_rows + r;
+    r -= cut->qkv_q_rows;
+    const int64_t part = r / cut->qkv_kv_rows, in_part = r % cut->qkv_kv_rows; /* part 0: k, 1: v */
+    return cut->qkv_q_all + part * cut->qkv_kv_all + (int64_t)(rank / cut->replicas) * cut->qkv_kv_rows + in_part;
+}
+
 /* Replaces L's matrix by rank's shard at TP degree tp, as engines cut it (scan_tp_plan):
  * row-parallel layers keep every row and the rank's K / tp columns with their scale columns,
  * the others the rank's N / tp contiguous rows (an engine that interleaves fused gate/up rows
  * takes other rows, of the same count: the shape the kernels see is the same); k_proj and
  * v_proj with fewer KV heads than ranks, the one whole head the rank shares with
- * tp / num_key_value_heads others (h: config.json's heads, zero when unknown). The global
+ * tp / num_key_value_heads others, and a fused qkv_proj the rank's rows of each part (h:
+ * config.json's heads, zero when unknown). The global
  * scales are per tensor, the same on every rank. A shard engines refuse is a usage error, said
  * in why; note gets the padded-scale warning scan gives (empty when none). */
 static int layer_shard(replay_layer *L, const scan_heads *h, int tp, int rank, char *why, size_t why_n, char *note,
@@ -473,7 +485,7 @@ static int layer_shard(replay_layer *L, const scan_heads *h, int tp, int rank, c
     }
     const int slice = rank / cut.replicas;
     const int64_t rn = split_k ? n : cut.per_rank, rk = split_k ? cut.per_rank : k;
-    const int64_t row0 = split_k ? 0 : (int64_t)slice * rn, k0 = split_k ? (int64_t)slice * rk : 0;
+    const int64_t k0 = split_k ? (int64_t)slice * rk : 0;
     uint8_t *codes = malloc((size_t)(rn * rk / 2)), *scales = malloc((size_t)(rn * (rk / block)));
     if (!codes || !scales) {
         free(codes);
@@ -482,8 +494,9 @@ static int layer_shard(replay_layer *L, const scan_heads *h, int tp, int rank, c
         return FP4D_EXIT_INTERNAL;
     }
     for (int64_t r = 0; r < rn; r++) {
-        memcpy(codes + r * (rk / 2), L->codes + (row0 + r) * (k / 2) + k0 / 2, (size_t)(rk / 2));
-        memcpy(scales + r * (rk / block), L->scales + (row0 + r) * (k / block) + k0 / block, (size_t)(rk / block));
+        const int64_t src = split_k ? r : shard_source_row(&cut, rank, r);
+        memcpy(codes + r * (rk / 2), L->codes + src * (k / 2) + k0 / 2, (size_t)(rk / 2));
+        memcpy(scales + r * (rk / block), L->scales + src * (k / block) + k0 / block, (size_t)(rk / block));
     }
     free(L->codes);
     free(L->scales);
@@ -492,7 +505,16 @@ static int layer_shard(replay_layer *L, const scan_heads *h, int tp, int rank, c
     L->n = rn;
     L->k = rk;
     count_nan_scales(L);
-    if (cut.replicas > 1)
+    const int64_t row0 = split_k ? 0 : shard_source_row(&cut, rank, 0);
+    if (cut.qkv_q_rows) {
+        const int64_t k_row0 = shard_source_row(&cut, rank, cut.qkv_q_rows);
+        const int64_t v_row0 = shard_source_row(&cut, rank, cut.qkv_q_rows + cut.qkv_kv_rows);
+        snprintf(L->shard, sizeof L->shard, "rank %d of --tp %d: [%lld x %lld], by heads: q rows %lld..%lld, k rows "
+                 "%lld..%lld, v rows %lld..%lld%s", rank, tp, (long long)rn, (long long)rk, (long long)row0,
+                 (long long)(row0 + cut.qkv_q_rows - 1), (long long)k_row0, (long long)(k_row0 + cut.qkv_kv_rows - 1),
+                 (long long)v_row0, (long long)(v_row0 + cut.qkv_kv_rows - 1),
+                 cut.replicas > 1 ? " (one KV head, held alike by several ranks)" : "");
+    } else if (cut.replicas > 1)
         snprintf(L->shard, sizeof L->shard, "rank %d of --tp %d: [%lld x %lld], KV head %d of %lld (rows %lld..%lld), "
                  "held alike by ranks %d..%d (fewer KV heads than ranks)", rank, tp, (long long)rn, (long long)rk,
                  slice, (long long)(tp / cut.replicas), (long long)row0, (long long)(row0 + rn - 1),

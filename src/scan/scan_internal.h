@@ -136,13 +136,18 @@ fp4d_status scan_heads_load(const char *dir, scan_heads *h, bool *found, char *w
  * vLLM's QKVParallelLinear does: num_attention_heads must be a multiple of tp; with fewer KV
  * heads than ranks, tp must be a multiple of num_key_value_heads and each rank holds one whole
  * KV head, replicated on tp / num_key_value_heads ranks (rank r holds head r / replicas). A
- * projection whose shape does not match (a vision tower's, MLA's) is cut by rows. */
+ * projection whose shape does not match (a vision tower's, MLA's) is cut by rows. A fused
+ * qkv_proj ([q | k | v] rows) that matches is cut into each part's share, as vLLM cuts it. */
 typedef struct scan_tp_cut {
     scan_tp_problem problem;
     bool            split_k;  /* K is split (row-parallel), else N */
     int64_t         dim;      /* the split dimension, whole */
     int64_t         per_rank; /* its length on one rank (when problem is OK or PADDED_SCALES) */
-    int             replicas; /* ranks that hold the same slice: rank r holds slice r / replicas */
+    int             replicas; /* ranks that hold the same slice: rank r holds slice r / replicas
+                                 (of a fused qkv_proj: of its k and v parts) */
+    int64_t         qkv_q_rows, qkv_kv_rows; /* a fused qkv_proj cut by heads: a rank's rows of the
+                                                q part and of each of k and v (0: not such a cut) */
+    int64_t         qkv_q_all, qkv_kv_all;   /* ... and all rows of the q part and of each of k, v */
     int64_t         heads;    /* SCAN_TP_HEADS: the head count tp cannot share out ... */
     bool            kv_heads; /* ... and whether it is num_key_value_heads */
 } scan_tp_cut;
