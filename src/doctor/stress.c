@@ -42,8 +42,9 @@ const int64_t fp4d_stress_m[] = {1, 7, 17, 64, 128, 129, 200, 300};
 const size_t  fp4d_stress_m_count = sizeof fp4d_stress_m / sizeof fp4d_stress_m[0];
 
 /* The MoE batch, rows over all experts. With the suite's routing over 8 experts (inputs.c,
- * moe_offsets) they give single rows, experts of a few rows (the small-M paths), experts of
- * 24, 65 and 95 rows, and at 600 rows experts of 54 to 193 rows: past a 128-row tile. */
+ * moe_offsets) they give three empty experts, single rows, experts of a few rows (the small-M
+ * paths), of 24 and of 65 rows (one past 64), and at 600 rows experts of 54 to 193 rows: past a
+ * 128-row tile. */
 const int64_t fp4d_stress_moe_rows[] = {1, 9, 70, 200, 600};
 const size_t  fp4d_stress_moe_rows_count = sizeof fp4d_stress_moe_rows / sizeof fp4d_stress_moe_rows[0];
 
