@@ -109,45 +109,46 @@ static void add_quant(case_list *l, fp4d_dtype fmt, fp4d_convention conv, fp4d_s
              (long long)rows, (long long)cols);
 }
 
-/* A stress case: the batch of fp4d_stress_m on `threads` instances at once, `rounds` times
- * each (stress.c). m is the rows of one batch. */
-static void add_stress(case_list *l, fp4d_dtype a_type, fp4d_dtype b_type, fp4d_scale_layout layout,
-                       fp4d_dtype out_type, int32_t threads, int32_t rounds, int64_t n, int64_t k)
+/* A stress case (stress.c): its batch - a GEMM per M of fp4d_stress_m, or with experts > 0 a
+ * grouped GEMM per row count of fp4d_stress_moe_rows over that many experts - on `threads`
+ * instances at once, `rounds` times each. m is the rows of one batch. */
+static fp4d_case *push_stress(case_list *l, fp4d_dtype a_type, fp4d_dtype b_type, fp4d_scale_layout layout,
+                              fp4d_dtype out_type, int32_t experts, int32_t threads, int32_t rounds, int64_t n,
+                              int64_t k)
 {
     fp4d_case *c = push(l);
-    if (!c) return;
+    if (!c) return NULL;
     snprintf(c->group, sizeof c->group, "stress");
     c->op = FP4D_CASE_STRESS;
+    const int64_t *rows = experts > 0 ? fp4d_stress_moe_rows : fp4d_stress_m;
+    const size_t count = experts > 0 ? fp4d_stress_moe_rows_count : fp4d_stress_m_count;
     c->m = 0;
-    for (size_t i = 0; i < fp4d_stress_m_count; i++) c->m += fp4d_stress_m[i];
+    for (size_t i = 0; i < count; i++) c->m += rows[i];
     c->n = n, c->k = k;
     c->a_type = a_type, c->b_type = b_type, c->out_type = out_type;
     c->a_layout = c->b_layout = layout;
     c->input = FP4D_INPUT_GAUSSIAN;
+    c->num_experts = experts;
     c->threads = threads, c->rounds = rounds;
+    return c;
+}
+
+static void add_stress(case_list *l, fp4d_dtype a_type, fp4d_dtype b_type, fp4d_scale_layout layout,
+                       fp4d_dtype out_type, int32_t threads, int32_t rounds, int64_t n, int64_t k)
+{
+    fp4d_case *c = push_stress(l, a_type, b_type, layout, out_type, 0, threads, rounds, n, k);
+    if (!c) return;
     snprintf(c->name, sizeof c->name, "stress.%sx%s.%s.%s.t%d.r%d.n%lld.k%lld", short_dtype(a_type),
              short_dtype(b_type), layout_tag(layout), short_dtype(out_type), (int)threads, (int)rounds,
              (long long)n, (long long)k);
 }
 
-/* A MoE stress case: grouped GEMMs of fp4d_stress_moe_rows rows over `experts` experts, on
- * `threads` instances at once, `rounds` times each (stress.c). */
+/* The MoE stress case: bf16 output, fmt on both sides. */
 static void add_stress_moe(case_list *l, fp4d_dtype fmt, fp4d_scale_layout layout, int32_t experts,
                            int32_t threads, int32_t rounds, int64_t n, int64_t k)
 {
-    fp4d_case *c = push(l);
+    fp4d_case *c = push_stress(l, fmt, fmt, layout, FP4D_DTYPE_BF16, experts, threads, rounds, n, k);
     if (!c) return;
-    snprintf(c->group, sizeof c->group, "stress");
-    c->op = FP4D_CASE_STRESS;
-    c->m = 0;
-    for (size_t i = 0; i < fp4d_stress_moe_rows_count; i++) c->m += fp4d_stress_moe_rows[i];
-    c->n = n, c->k = k;
-    c->a_type = c->b_type = fmt;
-    c->out_type = FP4D_DTYPE_BF16;
-    c->a_layout = c->b_layout = layout;
-    c->input = FP4D_INPUT_GAUSSIAN;
-    c->num_experts = experts;
-    c->threads = threads, c->rounds = rounds;
     snprintf(c->name, sizeof c->name, "stress.moe.%s.%s.e%d.t%d.r%d.n%lld.k%lld", short_dtype(fmt),
              layout_tag(layout), (int)experts, (int)threads, (int)rounds, (long long)n, (long long)k);
 }
