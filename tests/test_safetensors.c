@@ -197,6 +197,34 @@ static void test_err_header_too_large(void **state)
     expect_error(make_file_n("{}", UINT64_MAX - 1, 0), FP4D_ST_ERR_HEADER_TOO_LARGE, NULL);
 }
 
+static test_buf text_file(const char *text)
+{
+    test_buf b = {(uint8_t *)strdup(text), strlen(text)};
+    assert_non_null(b.bytes);
+    return b;
+}
+
+/* A Git LFS pointer where the shard should be (a clone without git-lfs): said as such, with its
+ * digest and size, not as a header length of 2.3e18. Text that only begins like one, or a
+ * pointer longer than pointers are, stays what its bytes say. */
+static void test_err_lfs_pointer(void **state)
+{
+    (void)state;
+    const char *pointer = "version https://git-lfs.github.com/spec/v1\n"
+                          "oid sha256:39783080bbd9cc9a0a7e5b6a9a4f0c2e4c9b5f1d8e7a6b5c4d3e2f1a0b9c8d7e\n"
+                          "size 4961125376\n";
+    expect_error(text_file(pointer), FP4D_ST_ERR_LFS_POINTER, "(sha256 39783080bbd9cc9a..., 4961125376 bytes)");
+    expect_error(text_file(pointer), FP4D_ST_ERR_LFS_POINTER, "git lfs pull");
+    expect_error(text_file("version https://git-lfs.github.com/spec/v1\n"), FP4D_ST_ERR_LFS_POINTER,
+                 "a Git LFS pointer, not the tensor data");
+    expect_error(text_file("version 1.0 of something else\n"), FP4D_ST_ERR_HEADER_TOO_LARGE, NULL);
+    char big[2048];
+    memset(big, 'x', sizeof big - 1);
+    big[sizeof big - 1] = '\0';
+    memcpy(big, "version https://git-lfs.github.com/spec/v1\n", 43); /* without its NUL */
+    expect_error(text_file(big), FP4D_ST_ERR_HEADER_TOO_LARGE, NULL);
+}
+
 static void test_err_header_length(void **state)
 {
     (void)state;
@@ -723,6 +751,7 @@ int main(void)
         cmocka_unit_test(test_many_tensors_lookup),
         cmocka_unit_test(test_err_header_too_small),
         cmocka_unit_test(test_err_header_too_large),
+        cmocka_unit_test(test_err_lfs_pointer),
         cmocka_unit_test(test_err_header_length),
         cmocka_unit_test(test_err_header_not_object),
         cmocka_unit_test(test_err_header_utf8),

@@ -51,6 +51,8 @@ typedef enum fp4d_st_error {
     FP4D_ST_ERR_TRAILING_BYTES,      /* buffer longer than the last tensor's end */
     FP4D_ST_ERR_RESOURCE,            /* the process ran out of memory or file descriptors opening
                                         or mapping it: a limit here, not a fault of the file */
+    FP4D_ST_ERR_LFS_POINTER,         /* a Git LFS pointer file, not the data: never downloaded (the
+                                        library: HeaderTooLarge, as its text read as a length is) */
     FP4D_ST_ERR_COUNT
 } fp4d_st_error;
 

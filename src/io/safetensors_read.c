@@ -107,6 +107,7 @@ static const char *const st_error_names[FP4D_ST_ERR_COUNT] = {
     [FP4D_ST_ERR_SIZE_MISMATCH]    = "SIZE_MISMATCH",
     [FP4D_ST_ERR_TRUNCATED]        = "TRUNCATED",
     [FP4D_ST_ERR_TRAILING_BYTES]   = "TRAILING_BYTES",
+    [FP4D_ST_ERR_LFS_POINTER]      = "LFS_POINTER",
 };
 
 const char *fp4d_st_error_name(fp4d_st_error e)
@@ -317,11 +318,37 @@ static bool st_parse_metadata(fp4d_st_open_result *res, fp4d_st_file *f, json_t 
     return true;
 }
 
+/* A Git LFS pointer (a clone without git-lfs, a download that stopped at the pointers) is a
+ * few lines of text where the data should be: "version https://git-lfs.github.com/spec/v1",
+ * "oid sha256:...", "size N". Its first 8 bytes read as a header length of ~2.3e18, which said
+ * HEADER_TOO_LARGE and left the user to guess. */
+static bool st_lfs_pointer(const uint8_t *buf, size_t len, fp4d_st_open_result *res)
+{
+    static const char sig[] = "version https://git-lfs.github.com/spec/";
+    if (len < sizeof sig - 1 || len > 1024 || memcmp(buf, sig, sizeof sig - 1) != 0) return false;
+    char text[1025];
+    memcpy(text, buf, len);
+    text[len] = '\0';
+    char oid[17] = "", size[24] = "";
+    const char *o = strstr(text, "\noid sha256:"), *z = strstr(text, "\nsize ");
+    if (o) sscanf(o + 12, "%16[0-9a-f]", oid);
+    if (z) sscanf(z + 6, "%23[0-9]", size);
+    char detail[64] = "";
+    if (oid[0] && size[0]) snprintf(detail, sizeof detail, " (sha256 %s..., %s bytes)", oid, size);
+    else if (oid[0]) snprintf(detail, sizeof detail, " (sha256 %s...)", oid);
+    else if (size[0]) snprintf(detail, sizeof detail, " (%s bytes)", size);
+    st_fail(res, FP4D_ST_ERR_LFS_POINTER,
+            "a Git LFS pointer%s, not the tensor data: the file was never downloaded; fetch it (`git lfs pull`, "
+            "or `huggingface-cli download`)", detail);
+    return true;
+}
+
 /* Validates everything and fills f; returns false with res set on the first broken rule. */
 static bool st_validate(fp4d_st_file *f, fp4d_st_open_result *res)
 {
     const uint8_t *buf = f->base;
     size_t len = f->len;
+    if (st_lfs_pointer(buf, len, res)) return false;
 
     if (len < 8) {
         st_fail(res, FP4D_ST_ERR_HEADER_TOO_SMALL, "file is %zu bytes, shorter than the 8-byte header length",

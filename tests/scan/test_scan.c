@@ -505,6 +505,36 @@ static void test_bad_headers(void **s)
     check_plant(FP4D_CKPT_CT_MXFP4, 0, FP4D_DEFECT_HEADER_LENGTH, L1 "mlp.up_proj.weight_scale", 0, a, 1);
 }
 
+/* A shard that is a Git LFS pointer (a clone without git-lfs) is said to be one, with the fix,
+ * rather than as a header 2.3e18 bytes long. */
+static void test_lfs_pointer_shard(void **s)
+{
+    (void)s;
+    char *dir = make_tmpdir();
+    fp4d_ckpt_gen_params p;
+    fp4d_ckpt_gen_defaults(&p, FP4D_CKPT_MODELOPT_NVFP4);
+    assert_int_equal(fp4d_ckpt_generate(dir, &p), FP4D_STATUS_OK);
+    char shard[1024];
+    snprintf(shard, sizeof shard, "%s/model-00001-of-00002.safetensors", dir);
+    FILE *f = fopen(shard, "w");
+    assert_non_null(f);
+    fputs("version https://git-lfs.github.com/spec/v1\noid sha256:"
+          "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef\nsize 123456\n", f);
+    assert_int_equal(fclose(f), 0);
+    fp4d_scan_report *r = scan(dir, false);
+    size_t said = 0;
+    for (size_t i = 0; i < fp4d_scan_report_count(r); i++) {
+        const fp4d_scan_finding *x = fp4d_scan_report_get(r, i);
+        said += x->code == FP4D_FINDING_HEADER_INVALID && strstr(x->message, "LFS_POINTER") &&
+                strstr(x->message, "a Git LFS pointer (sha256 0123456789abcdef..., 123456 bytes)") &&
+                strstr(x->message, "git lfs pull");
+    }
+    if (said != 1) print_findings(r);
+    assert_int_equal(said, 1);
+    fp4d_scan_report_free(r);
+    rm_tree(dir);
+}
+
 /* ---- configs ---------------------------------------------------------------------------------------- */
 
 static void test_quant_config(void **s)
@@ -1164,6 +1194,7 @@ int main(void)
         cmocka_unit_test(test_shard_not_in_index),
         cmocka_unit_test(test_shard_name_not_utf8),
         cmocka_unit_test(test_bad_headers),
+        cmocka_unit_test(test_lfs_pointer_shard),
         cmocka_unit_test(test_quant_config),
         cmocka_unit_test(test_generator_refuses_huge_sizes),
         cmocka_unit_test(test_cli_exit_codes),
