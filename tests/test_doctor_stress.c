@@ -141,19 +141,16 @@ static fp4d_case_result run_alone(const char *backend, const fp4d_case *stress, 
     return run(backend, &alone);
 }
 
-static int64_t batch_rows(void)
+static int64_t sum_rows(const int64_t *rows, size_t count)
 {
-    int64_t rows = 0;
-    for (size_t i = 0; i < fp4d_stress_m_count; i++) rows += fp4d_stress_m[i];
-    return rows;
+    int64_t sum = 0;
+    for (size_t i = 0; i < count; i++) sum += rows[i];
+    return sum;
 }
 
-static int64_t moe_batch_rows(void)
-{
-    int64_t rows = 0;
-    for (size_t i = 0; i < fp4d_stress_moe_rows_count; i++) rows += fp4d_stress_moe_rows[i];
-    return rows;
-}
+/* the rows of one batch, summed here from the arrays the suite's cases are built from */
+static int64_t batch_rows(void) { return sum_rows(fp4d_stress_m, fp4d_stress_m_count); }
+static int64_t moe_batch_rows(void) { return sum_rows(fp4d_stress_moe_rows, fp4d_stress_moe_rows_count); }
 
 static void test_batch_crosses_the_tiles(void **state)
 {

@@ -46,6 +46,11 @@ typedef struct fp4d_case_data {
 fp4d_status fp4d_case_data_make(const fp4d_case *c, uint64_t seed, fp4d_case_data *d);
 void        fp4d_case_data_free(fp4d_case_data *d);
 
+/* The problem a backend is given for d's case, its out left NULL: a plain one, or a grouped one
+ * over `experts` (d->num_b entries the caller provides, filled here). */
+fp4d_gemm_problem         fp4d_case_gemm_problem(const fp4d_case_data *d);
+fp4d_grouped_gemm_problem fp4d_case_grouped_problem(const fp4d_case_data *d, fp4d_matrix *experts);
+
 /* The plain problem of expert e (plain GEMM: e = 0) over its rows, with linear scales:
  * what the exact reference is computed on. rows of expert e start at row0. */
 void fp4d_case_canon_problem(const fp4d_case_data *d, int32_t e, fp4d_gemm_problem *p,
@@ -128,6 +133,8 @@ extern const size_t  fp4d_stress_m_count;
 /* The same for a MoE stress case (num_experts > 0): rows of each grouped GEMM, all experts. */
 extern const int64_t fp4d_stress_moe_rows[];
 extern const size_t  fp4d_stress_moe_rows_count;
+/* The batch of a stress case with num_experts experts (0: plain GEMMs): one of the two above. */
+const int64_t *fp4d_stress_batch(int32_t num_experts, size_t *count);
 
 /* Cases with one M that the M analyses, plots and speed comparisons may use. */
 static inline bool fp4d_case_has_m(const fp4d_case *c)

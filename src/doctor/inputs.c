@@ -300,6 +300,18 @@ int32_t fp4d_case_expert_of_row(const fp4d_case_data *d, int64_t m)
     return d->num_b - 1;
 }
 
+fp4d_gemm_problem fp4d_case_gemm_problem(const fp4d_case_data *d)
+{
+    return (fp4d_gemm_problem){.a = d->a.mat, .b = d->b[0].mat, .alpha = d->alpha[0], .out_type = d->c->out_type};
+}
+
+fp4d_grouped_gemm_problem fp4d_case_grouped_problem(const fp4d_case_data *d, fp4d_matrix *experts)
+{
+    for (int32_t e = 0; e < d->num_b; e++) experts[e] = d->b[e].mat;
+    return (fp4d_grouped_gemm_problem){.num_experts = d->num_b, .expert_offsets = d->offsets, .a = d->a.mat,
+                                       .b = experts, .alpha = d->alpha, .out_type = d->c->out_type};
+}
+
 void fp4d_case_canon_problem(const fp4d_case_data *d, int32_t e, fp4d_gemm_problem *p,
                              int64_t *row0, int64_t *rows)
 {

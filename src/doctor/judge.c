@@ -647,21 +647,12 @@ static fp4d_status run_gemm_case(fp4d_backend_t b, const fp4d_case *c, const fp4
     fp4d_matrix *bm = NULL;
     fp4d_gemm_desc desc;
     if (c->op == FP4D_CASE_GEMM) {
-        p.a = d->a.mat;
-        p.b = d->b[0].mat;
-        p.alpha = d->alpha[0];
-        p.out_type = c->out_type;
+        p = fp4d_case_gemm_problem(d);
         fp4d_gemm_describe(&p, &desc);
     } else {
         bm = malloc((size_t)d->num_b * sizeof *bm);
         FP4D_RETURN_ERROR_IF(!bm, NOMEM, "out of memory");
-        for (int32_t e = 0; e < d->num_b; e++) bm[e] = d->b[e].mat;
-        gp.num_experts = d->num_b;
-        gp.expert_offsets = d->offsets;
-        gp.a = d->a.mat;
-        gp.b = bm;
-        gp.alpha = d->alpha;
-        gp.out_type = c->out_type;
+        gp = fp4d_case_grouped_problem(d, bm);
         fp4d_grouped_gemm_describe(&gp, &desc);
     }
     fp4d_reason why = {{0}};

@@ -239,11 +239,10 @@ static void *worker_main(void *arg)
     return NULL;
 }
 
-/* The batch's sizes: M of each plain GEMM, or the rows in all of each grouped one. */
-static const int64_t *batch_sizes(const fp4d_case *c, size_t *count)
+const int64_t *fp4d_stress_batch(int32_t num_experts, size_t *count)
 {
-    *count = c->num_experts > 0 ? fp4d_stress_moe_rows_count : fp4d_stress_m_count;
-    return c->num_experts > 0 ? fp4d_stress_moe_rows : fp4d_stress_m;
+    *count = num_experts > 0 ? fp4d_stress_moe_rows_count : fp4d_stress_m_count;
+    return num_experts > 0 ? fp4d_stress_moe_rows : fp4d_stress_m;
 }
 
 /* Builds the batch's GEMMs and keeps those the backend supports; *reason says why not
@@ -252,7 +251,7 @@ static fp4d_status make_batch(fp4d_backend_t b, const fp4d_case *c, uint64_t see
                               char *reason, size_t reason_size)
 {
     size_t count;
-    const int64_t *sizes = batch_sizes(c, &count);
+    const int64_t *sizes = fp4d_stress_batch(c->num_experts, &count);
     sb->g = calloc(count, sizeof *sb->g);
     FP4D_RETURN_ERROR_IF(!sb->g, NOMEM, "out of memory");
     reason[0] = '\0';
@@ -272,14 +271,10 @@ static fp4d_status make_batch(fp4d_backend_t b, const fp4d_case *c, uint64_t see
         if (stress_grouped(g)) {
             g->experts = malloc((size_t)g->d.num_b * sizeof *g->experts);
             FP4D_RETURN_ERROR_IF(!g->experts, NOMEM, "out of memory");
-            for (int32_t e = 0; e < g->d.num_b; e++) g->experts[e] = g->d.b[e].mat;
-            g->gp = (fp4d_grouped_gemm_problem){.num_experts = g->d.num_b, .expert_offsets = g->d.offsets,
-                                                .a = g->d.a.mat, .b = g->experts, .alpha = g->d.alpha,
-                                                .out_type = c->out_type};
+            g->gp = fp4d_case_grouped_problem(&g->d, g->experts);
             fp4d_grouped_gemm_describe(&g->gp, &desc);
         } else {
-            g->p = (fp4d_gemm_problem){.a = g->d.a.mat, .b = g->d.b[0].mat, .alpha = g->d.alpha[0],
-                                       .out_type = c->out_type};
+            g->p = fp4d_case_gemm_problem(&g->d);
             fp4d_gemm_describe(&g->p, &desc);
         }
         fp4d_reason why = {{0}};
@@ -302,7 +297,7 @@ static fp4d_status make_batch(fp4d_backend_t b, const fp4d_case *c, uint64_t see
 static void free_batch(stress_batch *sb)
 {
     size_t count;
-    batch_sizes(sb->c, &count);
+    fp4d_stress_batch(sb->c->num_experts, &count);
     for (size_t i = 0; i < count && sb->g; i++) {
         if (sb->g[i].made) fp4d_case_data_free(&sb->g[i].d);
         free(sb->g[i].experts);

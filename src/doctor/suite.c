@@ -120,8 +120,8 @@ static fp4d_case *push_stress(case_list *l, fp4d_dtype a_type, fp4d_dtype b_type
     if (!c) return NULL;
     snprintf(c->group, sizeof c->group, "stress");
     c->op = FP4D_CASE_STRESS;
-    const int64_t *rows = experts > 0 ? fp4d_stress_moe_rows : fp4d_stress_m;
-    const size_t count = experts > 0 ? fp4d_stress_moe_rows_count : fp4d_stress_m_count;
+    size_t count;
+    const int64_t *rows = fp4d_stress_batch(experts, &count);
     c->m = 0;
     for (size_t i = 0; i < count; i++) c->m += rows[i];
     c->n = n, c->k = k;

@@ -53,11 +53,16 @@ char *scan_name_module(const char *name)
     return strdup(name);
 }
 
+const char *scan_name_leaf(const char *module)
+{
+    const char *dot = strrchr(module, '.');
+    return dot ? dot + 1 : module;
+}
+
 bool scan_tp_row_parallel(const char *module)
 {
     static const char *const names[] = {"down_proj", "o_proj", "out_proj", "dense_4h_to_h", "w2", "wo", "fc2"};
-    const char *dot = strrchr(module, '.');
-    const char *leaf = dot ? dot + 1 : module;
+    const char *leaf = scan_name_leaf(module);
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
         if (!strcmp(leaf, names[i])) return true;
     return false;
@@ -93,13 +98,22 @@ static bool heads_of(const json_t *root, scan_heads *h)
     return true;
 }
 
-bool scan_heads_parse(const char *text, size_t len, scan_heads *h)
+/* scan_heads_parse, saying in why (when not NULL) why text is no config: not JSON, or not an
+ * object. */
+static bool heads_from_text(const char *text, size_t len, scan_heads *h, char *why, size_t why_len)
 {
     json_error_t err;
     json_t *root = json_loadb(text, len, 0, &err);
+    if (why && !root) snprintf(why, why_len, "%s (line %d, column %d)", err.text, err.line, err.column);
+    else if (why && !json_is_object(root)) snprintf(why, why_len, "not a JSON object");
     const bool ok = heads_of(root, h);
     json_decref(root);
     return ok;
+}
+
+bool scan_heads_parse(const char *text, size_t len, scan_heads *h)
+{
+    return heads_from_text(text, len, h, NULL, 0);
 }
 
 fp4d_status scan_heads_load(const char *dir, scan_heads *h, bool *found, char *why, size_t why_len)
@@ -117,14 +131,7 @@ fp4d_status scan_heads_load(const char *dir, scan_heads *h, bool *found, char *w
     const fp4d_status st = scan_read_small_file(path, &text, &len, &state, why, why_len);
     free(path);
     FP4D_FORWARD_IF_ERROR(st);
-    if (state == SMALL_FILE_READ) {
-        json_error_t err;
-        json_t *root = json_loadb(text, len, 0, &err);
-        if (!root) snprintf(why, why_len, "%s (line %d, column %d)", err.text, err.line, err.column);
-        else if (!json_is_object(root)) snprintf(why, why_len, "not a JSON object");
-        *found = heads_of(root, h);
-        json_decref(root);
-    }
+    if (state == SMALL_FILE_READ) *found = heads_from_text(text, len, h, why, why_len);
     free(text);
     return FP4D_STATUS_OK;
 }
@@ -133,8 +140,7 @@ typedef enum attn_role { ATTN_NONE, ATTN_Q, ATTN_KV, ATTN_QKV, ATTN_O } attn_rol
 
 static attn_role attn_role_of(const char *module)
 {
-    const char *dot = strrchr(module, '.');
-    const char *leaf = dot ? dot + 1 : module;
+    const char *leaf = scan_name_leaf(module);
     if (!strcmp(leaf, "q_proj")) return ATTN_Q;
     if (!strcmp(leaf, "k_proj") || !strcmp(leaf, "v_proj")) return ATTN_KV;
     if (!strcmp(leaf, "qkv_proj")) return ATTN_QKV; /* q, k and v rows in one tensor (Phi-3, Phi-4) */
@@ -142,12 +148,12 @@ static attn_role attn_role_of(const char *module)
     return ATTN_NONE;
 }
 
-const char *scan_tp_heads_why(const scan_tp_cut *cut, const char *leaf, int tp, char *out, size_t size)
+const char *scan_tp_heads_why(const scan_tp_cut *cut, const char *module, int tp, char *out, size_t size)
 {
     snprintf(out, size,
              "config.json gives %s = %lld, which %d tensor-parallel ranks cannot share out (%s is cut by whole "
              "heads; %s)", cut->kv_heads ? "num_key_value_heads" : "num_attention_heads", (long long)cut->heads, tp,
-             leaf,
+             scan_name_leaf(module),
              cut->kv_heads ? "the KV heads must be a multiple of the TP degree, or the TP degree a multiple of "
                              "them, each rank then holding one KV head"
                            : "the query heads must be a multiple of the TP degree");

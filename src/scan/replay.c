@@ -466,9 +466,8 @@ static int layer_shard(replay_layer *L, const scan_heads *h, int tp, int rank, c
     const bool split_k = cut.split_k;
     const char *how = split_k ? "along K, row-parallel" : "along its output rows N, column-parallel";
     if (cut.problem == SCAN_TP_HEADS) {
-        const char *dot = strrchr(L->module, '.');
         snprintf(why, why_n, "%.200s: %s; engines refuse it at --tp %d (fp4doctor scan --tp %d lists every such layer)",
-                 L->desc, scan_tp_heads_why(&cut, dot ? dot + 1 : L->module, tp, (char[400]){0}, 400), tp, tp);
+                 L->desc, scan_tp_heads_why(&cut, L->module, tp, (char[400]){0}, 400), tp, tp);
         return FP4D_EXIT_USAGE;
     }
     if (cut.problem == SCAN_TP_UNEVEN) {

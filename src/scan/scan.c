@@ -1462,12 +1462,6 @@ static fp4d_status check_orphans(scan_ctx *c)
     return FP4D_STATUS_OK;
 }
 
-static const char *leaf_of(const char *module)
-{
-    const char *dot = strrchr(module, '.');
-    return dot ? dot + 1 : module;
-}
-
 static fp4d_status check_quantized_but_excluded(scan_ctx *c)
 {
     if (!c->have_config || c->format == FP4D_CKPT_UNQUANTIZED || !c->num_units) return FP4D_STATUS_OK;
@@ -1480,8 +1474,8 @@ static fp4d_status check_quantized_but_excluded(scan_ctx *c)
         /* Compared with modules of the same kind that are quantized elsewhere in the checkpoint:
          * every unlisted router or embedding would otherwise be flagged. */
         bool same_kind = false;
-        const char *leaf = leaf_of(module);
-        for (size_t u = 0; u < c->num_units && !same_kind; u++) same_kind = !strcmp(leaf_of(c->units[u].module), leaf);
+        const char *leaf = scan_name_leaf(module);
+        for (size_t u = 0; u < c->num_units && !same_kind; u++) same_kind = !strcmp(scan_name_leaf(c->units[u].module), leaf);
         bool flag = same_kind && !fp4d_quant_config_is_excluded(c->qc, module);
         fp4d_status st = FP4D_STATUS_OK;
         if (flag)
@@ -1692,14 +1686,14 @@ static fp4d_status check_tp_shards(scan_ctx *c)
         const scan_tp_problem problem = cut.problem;
         if (problem == SCAN_TP_OK) continue;
         const scan_tensor *w = &c->tensors[u->weight];
-        const char *leaf = leaf_of(u->module);
+        const char *leaf = scan_name_leaf(u->module);
         const bool split_k = cut.split_k;
         const long long d = (long long)cut.dim, per = (long long)cut.per_rank;
         fp4d_status st;
         if (problem == SCAN_TP_HEADS)
             st = add_finding(c, FP4D_FINDING_TP_SHARD, FP4D_SCAN_ERROR, w->name, file_rel(c, w->file), 1,
                              "%s: %s: engines refuse it at --tp %d", w->name,
-                             scan_tp_heads_why(&cut, leaf, tp, (char[400]){0}, 400), tp);
+                             scan_tp_heads_why(&cut, u->module, tp, (char[400]){0}, 400), tp);
         else if (problem == SCAN_TP_UNEVEN)
             st = add_finding(c, FP4D_FINDING_TP_SHARD, FP4D_SCAN_ERROR, w->name, file_rel(c, w->file), 1,
                              "%s has %s = %lld, which %d tensor-parallel ranks cannot split evenly (%s is split %s): "
@@ -1910,7 +1904,7 @@ static fp4d_status check_global_scales(scan_ctx *c)
             if (vals[i * 2 + k].v)
                 st = check_scalar_values(c, comp[k], &vals[i * 2 + k], k == 1, u->kind == UNIT_CT_NVFP4);
         }
-        const char *leaf = leaf_of(u->module);
+        const char *leaf = scan_name_leaf(u->module);
         int g = fusion_group_of(leaf);
         if (g && leaf != u->module)
             members[nm++] = (fused_member){i, u->module, (size_t)(leaf - 1 - u->module), g, fusion_rank(leaf)};

@@ -78,6 +78,8 @@ int64_t scan_name_expert(const char *name);
  * ".input_global_scale", "_blocks", "_scales"), or the whole name when it has none.
  * Returns a malloc'd string the caller frees, or NULL when out of memory. */
 char *scan_name_module(const char *name);
+/* The last component of a module name: "model.layers.0.mlp.down_proj" -> "down_proj". */
+const char *scan_name_leaf(const char *module);
 
 /* ---- tensor parallelism (names.c) ----
  * How engines shard a linear at TP degree tp: down_proj, o_proj, out_proj, dense_4h_to_h, w2,
@@ -154,9 +156,9 @@ typedef struct scan_tp_cut {
 
 scan_tp_cut scan_tp_plan(const char *module, int64_t n, int64_t k, int64_t block, bool is_mx, const scan_heads *h,
                          int tp);
-/* Why a SCAN_TP_HEADS cut is refused, in the words scan's TP_SHARD error and replay share
- * (leaf: the projection's name); returns out. */
-const char *scan_tp_heads_why(const scan_tp_cut *cut, const char *leaf, int tp, char *out, size_t size);
+/* Why a SCAN_TP_HEADS cut of module is refused, in the words scan's TP_SHARD error and replay
+ * share; returns out. */
+const char *scan_tp_heads_why(const scan_tp_cut *cut, const char *module, int tp, char *out, size_t size);
 
 /* digest.c: SHA-256 of the first `size` bytes of fd (pread: the file position is untouched) as
  * 64 lowercase hex digits in hex; false with the reason in why where it cannot be read or this

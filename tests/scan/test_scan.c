@@ -41,6 +41,16 @@ static char *make_tmpdir(void)
     return strdup(d);
 }
 
+/* A new temporary folder holding the generator's default ModelOpt NVFP4 checkpoint. */
+static char *default_checkpoint_dir(void)
+{
+    char *dir = make_tmpdir();
+    fp4d_ckpt_gen_params p;
+    fp4d_ckpt_gen_defaults(&p, FP4D_CKPT_MODELOPT_NVFP4);
+    assert_int_equal(fp4d_ckpt_generate(dir, &p), FP4D_STATUS_OK);
+    return dir;
+}
+
 static void rm_tree(char *dir)
 {
     nftw(dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
@@ -422,10 +432,7 @@ static void copy_file(const char *from, const char *to)
 static void test_shard_name_not_utf8(void **s)
 {
     (void)s;
-    char *dir = make_tmpdir();
-    fp4d_ckpt_gen_params p;
-    fp4d_ckpt_gen_defaults(&p, FP4D_CKPT_MODELOPT_NVFP4);
-    assert_int_equal(fp4d_ckpt_generate(dir, &p), FP4D_STATUS_OK);
+    char *dir = default_checkpoint_dir();
     char from[4096], to[4096];
     snprintf(from, sizeof from, "%s/model.safetensors.index.json", dir);
     assert_int_equal(unlink(from), 0); /* no index: every *.safetensors in the folder */
@@ -446,10 +453,7 @@ static void test_shard_not_in_index(void **s)
 {
     (void)s;
     const char *shard2 = "model-00002-of-00002.safetensors";
-    char *dir = make_tmpdir();
-    fp4d_ckpt_gen_params p;
-    fp4d_ckpt_gen_defaults(&p, FP4D_CKPT_MODELOPT_NVFP4);
-    assert_int_equal(fp4d_ckpt_generate(dir, &p), FP4D_STATUS_OK);
+    char *dir = default_checkpoint_dir();
     char path[4096], path2[4096];
 
     /* A leftover of an earlier export: copies of indexed tensors, and a consolidated file. */
@@ -510,10 +514,7 @@ static void test_bad_headers(void **s)
 static void test_lfs_pointer_shard(void **s)
 {
     (void)s;
-    char *dir = make_tmpdir();
-    fp4d_ckpt_gen_params p;
-    fp4d_ckpt_gen_defaults(&p, FP4D_CKPT_MODELOPT_NVFP4);
-    assert_int_equal(fp4d_ckpt_generate(dir, &p), FP4D_STATUS_OK);
+    char *dir = default_checkpoint_dir();
     char shard[1024];
     snprintf(shard, sizeof shard, "%s/model-00001-of-00002.safetensors", dir);
     FILE *f = fopen(shard, "w");
