@@ -32,6 +32,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/kernels.h"
 #include "backend/gpu_info.h"
 #include "common/env_knob.h"
@@ -1441,6 +1442,57 @@ static void test_cuda_hold_stream(void **state)
 #endif
 }
 
+/* A device buffer grows in the order of its own stream. Another stream is held busy for 2 s;
+ * growing a buffer of this stream, with zeroing, must come back while the busy stream is still
+ * running (growth called cudaDeviceSynchronize, which waited for every instance's work and
+ * hangs compute-sanitizer's racecheck from several threads: tools/racecheck_threads.cu), and
+ * the grown buffer must read zero to this stream's later work, though this stream filled the
+ * old one just before. */
+static void test_cuda_buffer_grows_in_stream_order(void **state)
+{
+    (void)state;
+#ifndef FP4D_TEST_CUDA_KERNELS
+    skip(); /* built without the CUDA kernels */
+#else
+    fp4d_backend_t b = open_or_skip("cuda");
+    if (!b) skip();
+    fp4d_backend_close(b);
+    int dev = 0, pools = 0;
+    assert_int_equal(cudaGetDevice(&dev), cudaSuccess);
+    assert_int_equal(cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, dev), cudaSuccess);
+    if (!pools) {
+        fprintf(stderr, "  no memory pools on this device: growth waits for its stream, then cudaFree\n");
+        skip();
+    }
+    cudaStream_t busy, mine;
+    assert_int_equal(cudaStreamCreateWithFlags(&busy, cudaStreamNonBlocking), cudaSuccess);
+    assert_int_equal(cudaStreamCreateWithFlags(&mine, cudaStreamNonBlocking), cudaSuccess);
+    assert_int_equal(fp4d_cuda_hold_stream(2000000000u, busy), cudaSuccess);
+    enum { SMALL = 4096, LARGE = 1 << 20 };
+    fp4d_devbuf buf = {0};
+    assert_int_equal(fp4d_devbuf_reserve(&buf, SMALL, true, mine), FP4D_STATUS_OK);
+    assert_int_equal(cudaMemsetAsync(buf.ptr, 0xAB, SMALL, mine), cudaSuccess);
+    assert_int_equal(fp4d_devbuf_reserve(&buf, SMALL / 2, true, mine), FP4D_STATUS_OK); /* fits: kept */
+    assert_int_equal(fp4d_devbuf_reserve(&buf, LARGE, true, mine), FP4D_STATUS_OK);
+    assert_true(buf.cap >= LARGE);
+    assert_int_equal(cudaStreamQuery(busy), cudaErrorNotReady);
+    uint8_t *host = malloc(LARGE);
+    assert_non_null(host);
+    memset(host, 0x5A, LARGE);
+    assert_int_equal(cudaMemcpyAsync(host, buf.ptr, LARGE, cudaMemcpyDeviceToHost, mine), cudaSuccess);
+    assert_int_equal(cudaStreamSynchronize(mine), cudaSuccess);
+    size_t nonzero = 0;
+    for (size_t i = 0; i < LARGE; i++) nonzero += host[i] != 0;
+    assert_int_equal(nonzero, 0);
+    free(host);
+    assert_int_equal(cudaStreamSynchronize(busy), cudaSuccess);
+    fp4d_devbuf_free(&buf);
+    assert_null(buf.ptr);
+    cudaStreamDestroy(busy);
+    cudaStreamDestroy(mine);
+#endif
+}
+
 #ifdef FP4D_TEST_CUDA_KERNELS
 /* The few driver-API calls the tests make, through dlopen: linked, libcuda would keep this
  * file from starting on machines without a driver (CI), where its tests must skip. */
@@ -1669,6 +1721,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_cuda_wa_kslices),
         cmocka_unit_test(test_cuda_pdl_chain),
         cmocka_unit_test(test_cuda_hold_stream),
+        cmocka_unit_test(test_cuda_buffer_grows_in_stream_order),
         cmocka_unit_test(test_cuda_quantize_bit_identical),
         cmocka_unit_test(test_cuda_e2m1_rounding_exhaustive),
         cmocka_unit_test(test_cublas_bf16_gemm_sweep),

@@ -105,7 +105,8 @@ static fp4d_status dense_weights(cublas_ctx *c, const fp4d_matrix *b, fp4d_dtype
     FP4D_FORWARD_IF_ERROR(fp4d_cuda_upload_matrix(b, &c->b, &c->b_sc, c->stream));
     const size_t esz = fp4d_dtype_get(dense)->element_bits / 8;
     victim->host_codes = NULL; /* invalid until filled */
-    FP4D_FORWARD_IF_ERROR(fp4d_devbuf_reserve(&victim->dense_buf, (size_t)b->rows * (size_t)b->cols * esz, false));
+    FP4D_FORWARD_IF_ERROR(
+        fp4d_devbuf_reserve(&victim->dense_buf, (size_t)b->rows * (size_t)b->cols * esz, false, c->stream));
     fp4d_dev_fp4 src = {c->b.ptr, c->b_sc.ptr, b->rows, b->cols, b->dtype, b->scale_layout};
     FP4D_CUDA_TRY(fp4d_cuda_dequantize(&src, dense, victim->dense_buf.ptr, c->stream), "cublas-bf16: dequantize B");
     victim->host_codes = b->data;
@@ -130,7 +131,7 @@ static fp4d_status dense_activations(cublas_ctx *c, fp4d_dtype a_type, const voi
         return FP4D_STATUS_OK;
     }
     const size_t esz = fp4d_dtype_get(dense)->element_bits / 8;
-    FP4D_FORWARD_IF_ERROR(fp4d_devbuf_reserve(&c->a_dense, (size_t)m * (size_t)k * esz, false));
+    FP4D_FORWARD_IF_ERROR(fp4d_devbuf_reserve(&c->a_dense, (size_t)m * (size_t)k * esz, false, c->stream));
     if (is_fp4(a_type)) {
         fp4d_dev_fp4 src = {a_dev, a_scales, m, k, a_type, layout};
         FP4D_CUDA_TRY(fp4d_cuda_dequantize(&src, dense, c->a_dense.ptr, c->stream), "cublas-bf16: dequantize A");
@@ -153,7 +154,7 @@ static fp4d_status dense_gemm(cublas_ctx *c, fp4d_dtype dense, const void *a, co
     const bool direct = out_type == FP4D_DTYPE_F32 || out_type == dense;
     void *target = out;
     if (!direct) {
-        FP4D_FORWARD_IF_ERROR(fp4d_devbuf_reserve(&c->out_f32, (size_t)m * (size_t)n * sizeof(float), false));
+        FP4D_FORWARD_IF_ERROR(fp4d_devbuf_reserve(&c->out_f32, (size_t)m * (size_t)n * sizeof(float), false, c->stream));
         target = c->out_f32.ptr;
     }
     const fp4d_dtype ct = direct ? out_type : FP4D_DTYPE_F32;
@@ -247,7 +248,7 @@ static fp4d_status cb_gemm(void *ctx, const fp4d_gemm_problem *p)
     FP4D_FORWARD_IF_ERROR(fp4d_cuda_upload_matrix(&p->a, &c->a, &c->a_sc, c->stream));
     FP4D_FORWARD_IF_ERROR(dense_activations(c, p->a.dtype, c->a.ptr, c->a_sc.ptr, p->a.scale_layout, m, k, dense, &ad));
     const size_t ob = (size_t)m * (size_t)n * fp4d_out_elem_size(p->out_type);
-    FP4D_FORWARD_IF_ERROR(fp4d_devbuf_reserve(&c->out, ob, false));
+    FP4D_FORWARD_IF_ERROR(fp4d_devbuf_reserve(&c->out, ob, false, c->stream));
     FP4D_CUDA_TRY(cudaMemcpyAsync(c->out.ptr, p->out, ob, cudaMemcpyHostToDevice, c->stream), "cublas-bf16: upload out");
     FP4D_FORWARD_IF_ERROR(dense_gemm(c, dense, ad, bd, m, n, k, p->alpha, p->out_type, c->out.ptr));
     FP4D_CUDA_TRY(cudaMemcpyAsync(p->out, c->out.ptr, ob, cudaMemcpyDeviceToHost, c->stream), "cublas-bf16: download out");
@@ -268,7 +269,7 @@ static fp4d_status cb_grouped_gemm(void *ctx, const fp4d_grouped_gemm_problem *p
     const void *ad = NULL;
     FP4D_FORWARD_IF_ERROR(fp4d_cuda_upload_matrix(&p->a, &c->a, &c->a_sc, c->stream));
     FP4D_FORWARD_IF_ERROR(dense_activations(c, p->a.dtype, c->a.ptr, c->a_sc.ptr, p->a.scale_layout, m, k, dense, &ad));
-    FP4D_FORWARD_IF_ERROR(fp4d_devbuf_reserve(&c->out, ob, false));
+    FP4D_FORWARD_IF_ERROR(fp4d_devbuf_reserve(&c->out, ob, false, c->stream));
     FP4D_CUDA_TRY(cudaMemcpyAsync(c->out.ptr, p->out, ob, cudaMemcpyHostToDevice, c->stream), "cublas-bf16: upload out");
     for (int32_t e = 0; e < p->num_experts; e++) {
         const int64_t r0 = p->expert_offsets[e], r1 = p->expert_offsets[e + 1];
@@ -343,7 +344,7 @@ static fp4d_status cb_bench(void *ctx, const fp4d_gemm_desc *d, int repeats, fp4
     cb_bench_state s = {c, dense, d->a_type, d->out_type, d->a_layout, d->m, d->n, d->k, grouped ? d->num_experts : 0,
                         NULL, NULL, NULL, NULL, wbytes, NULL};
     fp4d_devbuf w = {0}, codes = {0}, scales = {0}, outb = {0};
-    fp4d_status st = fp4d_devbuf_reserve(&w, wbytes * (size_t)sets, false);
+    fp4d_status st = fp4d_devbuf_reserve(&w, wbytes * (size_t)sets, false, c->stream);
     /* one dequantized weight matrix, replicated: values do not matter for timing */
     if (st == FP4D_STATUS_OK)
         st = fp4d_cuda_make_bench_fp4(d->b_type, d->n, d->k, FP4D_LAYOUT_LINEAR, 12345, &codes, &scales, c->stream);
@@ -359,7 +360,8 @@ static fp4d_status cb_bench(void *ctx, const fp4d_gemm_desc *d, int repeats, fp4
         if (is_fp4(d->a_type)) st = fp4d_cuda_make_bench_fp4(d->a_type, d->m, d->k, d->a_layout, 99, &c->a, &c->a_sc, c->stream);
         else st = fp4d_cuda_make_bench_plain(d->a_type, d->m, d->k, 99, &c->a, c->stream);
     }
-    if (st == FP4D_STATUS_OK) st = fp4d_devbuf_reserve(&outb, (size_t)(d->m * d->n) * fp4d_out_elem_size(d->out_type), false);
+    if (st == FP4D_STATUS_OK)
+        st = fp4d_devbuf_reserve(&outb, (size_t)(d->m * d->n) * fp4d_out_elem_size(d->out_type), false, c->stream);
     if (st == FP4D_STATUS_OK && grouped) {
         s.offsets = calloc((size_t)nc * (size_t)(d->num_experts + 1), sizeof *s.offsets);
         if (!s.offsets) st = fp4d_set_error(FP4D_STATUS_NOMEM, "cublas-bf16: out of memory");

@@ -229,8 +229,8 @@ static fp4d_status lt_gemm(void *ctx, const fp4d_gemm_problem *pr)
     FP4D_FORWARD_IF_ERROR(upload_swizzled(&pr->a, &c->a, &c->a_sc, c->stream));
     FP4D_FORWARD_IF_ERROR(upload_swizzled(&pr->b, &c->b, &c->b_sc, c->stream));
     const size_t ob = (size_t)d.m * (size_t)d.n * fp4d_out_elem_size(pr->out_type);
-    FP4D_FORWARD_IF_ERROR(fp4d_devbuf_reserve(&c->out, ob, false));
-    FP4D_FORWARD_IF_ERROR(fp4d_devbuf_reserve(&c->workspace, LT_WORKSPACE_BYTES, false));
+    FP4D_FORWARD_IF_ERROR(fp4d_devbuf_reserve(&c->out, ob, false, c->stream));
+    FP4D_FORWARD_IF_ERROR(fp4d_devbuf_reserve(&c->workspace, LT_WORKSPACE_BYTES, false, c->stream));
     FP4D_CUDA_TRY(cudaMemcpyAsync(c->out.ptr, pr->out, ob, cudaMemcpyHostToDevice, c->stream), "cublaslt: upload out");
     lt_problem p;
     const char *step = "";

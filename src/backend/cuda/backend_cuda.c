@@ -199,7 +199,7 @@ static fp4d_status upload_expert_tables(cuda_ctx *c, const dev_gemm *g, int64_t 
     memcpy(host + items_bytes, g->b_codes, (size_t)g->num_experts * sizeof(void *));
     memcpy(host + items_bytes + ptr_bytes, g->b_scales, (size_t)g->num_experts * sizeof(void *));
     memcpy(host + items_bytes + 2 * ptr_bytes, g->alpha, (size_t)g->num_experts * sizeof(float));
-    fp4d_status st = fp4d_devbuf_reserve(params, total, false);
+    fp4d_status st = fp4d_devbuf_reserve(params, total, false, c->stream);
     if (st == FP4D_STATUS_OK) {
         /* from pageable memory the call returns once the bytes are staged: host can be freed */
         cudaError_t e = cudaMemcpyAsync(params->ptr, host, total, cudaMemcpyHostToDevice, c->stream);
@@ -261,8 +261,8 @@ static fp4d_status plan_skinny(cuda_ctx *c, const dev_gemm *g, fp4d_devbuf *para
     if (args->splits > 1) {
         size_t pb = 0, cc = 0;
         fp4d_cuda_skinny_scratch(g->n, (int32_t)n_items, args->splits, max_item_rows, &pb, &cc);
-        FP4D_FORWARD_IF_ERROR(fp4d_devbuf_reserve(&c->partials, pb, false));
-        FP4D_FORWARD_IF_ERROR(fp4d_devbuf_reserve(&c->counters, cc * sizeof(uint32_t), true));
+        FP4D_FORWARD_IF_ERROR(fp4d_devbuf_reserve(&c->partials, pb, false, c->stream));
+        FP4D_FORWARD_IF_ERROR(fp4d_devbuf_reserve(&c->counters, cc * sizeof(uint32_t), true, c->stream));
         args->partials = c->partials.ptr;
         args->counters = c->counters.ptr;
     }
@@ -279,8 +279,8 @@ static fp4d_status plan_gemv(cuda_ctx *c, const dev_gemm *g, fp4d_gemv_args *arg
     size_t pb = 0, cc = 0;
     FP4D_CUDA_TRY(fp4d_cuda_gemv_plan(args, c->sm_count, &pb, &cc), "cuda: GEMV plan");
     if (args->splits > 1) {
-        FP4D_FORWARD_IF_ERROR(fp4d_devbuf_reserve(&c->partials, pb, false));
-        FP4D_FORWARD_IF_ERROR(fp4d_devbuf_reserve(&c->counters, cc * sizeof(uint32_t), true));
+        FP4D_FORWARD_IF_ERROR(fp4d_devbuf_reserve(&c->partials, pb, false, c->stream));
+        FP4D_FORWARD_IF_ERROR(fp4d_devbuf_reserve(&c->counters, cc * sizeof(uint32_t), true, c->stream));
         args->partials = c->partials.ptr;
         args->counters = c->counters.ptr;
     }
@@ -320,7 +320,7 @@ static size_t stream_room(const dev_gemm *g)
 static fp4d_status stream_layout_copy(cuda_ctx *c, const dev_gemm *g, const uint8_t ***tables)
 {
     const size_t stride = stream_room(g);
-    FP4D_FORWARD_IF_ERROR(fp4d_devbuf_reserve(&c->bstream, stride * (size_t)g->num_experts, false));
+    FP4D_FORWARD_IF_ERROR(fp4d_devbuf_reserve(&c->bstream, stride * (size_t)g->num_experts, false, c->stream));
     const uint8_t **p = calloc((size_t)g->num_experts * 2, sizeof *p);
     FP4D_RETURN_ERROR_IF(!p, NOMEM, "cuda: out of host memory");
     for (int32_t e = 0; e < g->num_experts; e++) {
@@ -356,7 +356,7 @@ static fp4d_status activations_as(cuda_ctx *c, const dev_gemm *g, fp4d_dtype d, 
 {
     *a = g->a;
     if (g->a_type == d) return FP4D_STATUS_OK;
-    FP4D_FORWARD_IF_ERROR(fp4d_devbuf_reserve(&c->wa, (size_t)g->a_rows * (size_t)g->k * esz, false));
+    FP4D_FORWARD_IF_ERROR(fp4d_devbuf_reserve(&c->wa, (size_t)g->a_rows * (size_t)g->k * esz, false, c->stream));
     if (is_fp4(g->a_type)) {
         fp4d_dev_fp4 src = {g->a, g->a_scales, g->a_rows, g->k, g->a_type, g->a_layout};
         FP4D_CUDA_TRY(fp4d_cuda_dequantize(&src, d, c->wa.ptr, c->stream), "cuda: dequantize A");
@@ -377,7 +377,7 @@ static fp4d_status run_dense(cuda_ctx *c, const dev_gemm *g, gemm_path path)
     const size_t osz = fp4d_out_elem_size(g->out_type);
     const void *a = NULL;
     FP4D_FORWARD_IF_ERROR(activations_as(c, g, d, esz, &a));
-    FP4D_FORWARD_IF_ERROR(fp4d_devbuf_reserve(&c->wb, (size_t)g->n * (size_t)g->k * esz, false));
+    FP4D_FORWARD_IF_ERROR(fp4d_devbuf_reserve(&c->wb, (size_t)g->n * (size_t)g->k * esz, false, c->stream));
     for (int32_t e = 0; e < g->num_experts; e++) {
         const int64_t r0 = g->offsets ? g->offsets[e] : 0, r1 = g->offsets ? g->offsets[e + 1] : g->a_rows;
         if (r1 == r0) continue;
@@ -411,10 +411,10 @@ static fp4d_status run_fused_grouped(cuda_ctx *c, const dev_gemm *g, const void 
     const int32_t splits = fp4d_cuda_fused_grouped_plan(t.n_items, t.max_item_rows, g->n, g->k, c->sm_count,
                                                         &partial_floats, &counter_count);
     if (splits > 1) {
-        FP4D_FORWARD_IF_ERROR(fp4d_devbuf_reserve(&c->partials, partial_floats * sizeof(float), false));
-        FP4D_FORWARD_IF_ERROR(fp4d_devbuf_reserve(&c->counters, counter_count * sizeof(uint32_t), true));
+        FP4D_FORWARD_IF_ERROR(fp4d_devbuf_reserve(&c->partials, partial_floats * sizeof(float), false, c->stream));
+        FP4D_FORWARD_IF_ERROR(fp4d_devbuf_reserve(&c->counters, counter_count * sizeof(uint32_t), true, c->stream));
     }
-    FP4D_FORWARD_IF_ERROR(fp4d_devbuf_reserve(&c->aperm, (size_t)g->a_rows * (size_t)g->k * esz, false));
+    FP4D_FORWARD_IF_ERROR(fp4d_devbuf_reserve(&c->aperm, (size_t)g->a_rows * (size_t)g->k * esz, false, c->stream));
     FP4D_CUDA_TRY(fp4d_cuda_fused_gemm_grouped(d, a, g->a_rows, t.items, (int32_t)t.n_items, t.max_item_rows, t.codes,
                                                t.scales, t.alpha, g->b_layout, g->n, g->k, g->out_type, g->out, splits,
                                                splits > 1 ? c->partials.ptr : NULL, splits > 1 ? c->counters.ptr : NULL,
@@ -445,8 +445,8 @@ static fp4d_status run_fused(cuda_ctx *c, const dev_gemm *g)
         if (splits > 1) {
             size_t partial_floats = 0, counter_count = 0;
             fp4d_cuda_fused_scratch(r1 - r0, g->n, splits, &partial_floats, &counter_count);
-            FP4D_FORWARD_IF_ERROR(fp4d_devbuf_reserve(&c->partials, partial_floats * sizeof(float), false));
-            FP4D_FORWARD_IF_ERROR(fp4d_devbuf_reserve(&c->counters, counter_count * sizeof(uint32_t), true));
+            FP4D_FORWARD_IF_ERROR(fp4d_devbuf_reserve(&c->partials, partial_floats * sizeof(float), false, c->stream));
+            FP4D_FORWARD_IF_ERROR(fp4d_devbuf_reserve(&c->counters, counter_count * sizeof(uint32_t), true, c->stream));
         }
         const void *a_rows = (const uint8_t *)a + (size_t)r0 * (size_t)g->k * esz;
         void *o = (uint8_t *)g->out + (size_t)r0 * (size_t)g->n * osz;
@@ -454,7 +454,7 @@ static fp4d_status run_fused(cuda_ctx *c, const dev_gemm *g)
          * loop then only feeds the tensor cores; without room for the dense copy the
          * packed-weight kernel below runs instead */
         if (r1 - r0 >= c->wg_dense_min_m && fp4d_cuda_dense_wgmma_available() &&
-            fp4d_devbuf_reserve(&c->wb, (size_t)g->n * (size_t)g->k * esz, false) == FP4D_STATUS_OK) {
+            fp4d_devbuf_reserve(&c->wb, (size_t)g->n * (size_t)g->k * esz, false, c->stream) == FP4D_STATUS_OK) {
             fp4d_dev_fp4 w = {g->b_codes[e], g->b_scales[e], g->n, g->k, g->b_format, g->b_layout};
             FP4D_CUDA_TRY(fp4d_cuda_dequantize(&w, d, c->wb.ptr, c->stream), "cuda: dequantize B");
             /* its scratch also covers the K parts of the persistent kernel's last round: only a
@@ -462,8 +462,8 @@ static fp4d_status run_fused(cuda_ctx *c, const dev_gemm *g)
             size_t dense_floats = 0, dense_counters = 0;
             fp4d_cuda_dense_wgmma_scratch(r1 - r0, g->n, g->k, splits, &dense_floats, &dense_counters);
             if (dense_floats &&
-                (fp4d_devbuf_reserve(&c->partials, dense_floats * sizeof(float), false) != FP4D_STATUS_OK ||
-                 fp4d_devbuf_reserve(&c->counters, dense_counters * sizeof(uint32_t), true) != FP4D_STATUS_OK)) {
+                (fp4d_devbuf_reserve(&c->partials, dense_floats * sizeof(float), false, c->stream) != FP4D_STATUS_OK ||
+                 fp4d_devbuf_reserve(&c->counters, dense_counters * sizeof(uint32_t), true, c->stream) != FP4D_STATUS_OK)) {
                 FP4D_RETURN_ERROR_IF(splits > 1, NOMEM, "cuda: split-K scratch: %s", fp4d_last_error());
                 dense_floats = 0;
             }
@@ -475,9 +475,10 @@ static fp4d_status run_fused(cuda_ctx *c, const dev_gemm *g)
         }
         /* room for the k-permuted activations of the register-decode wgmma kernel (without it
          * the other kernels run) */
-        void *scratch = fp4d_devbuf_reserve(&c->aperm, (size_t)(r1 - r0) * (size_t)g->k * esz, false) == FP4D_STATUS_OK
-                            ? c->aperm.ptr
-                            : NULL;
+        void *scratch =
+            fp4d_devbuf_reserve(&c->aperm, (size_t)(r1 - r0) * (size_t)g->k * esz, false, c->stream) == FP4D_STATUS_OK
+                ? c->aperm.ptr
+                : NULL;
         FP4D_CUDA_TRY(fp4d_cuda_fused_gemm(d, a_rows, g->b_codes[e], g->b_scales[e], g->b_layout, r1 - r0, g->n, g->k,
                                            g->alpha[e], g->out_type, o, splits, splits > 1 ? c->partials.ptr : NULL,
                                            splits > 1 ? c->counters.ptr : NULL, scratch, c->stream),
@@ -617,7 +618,7 @@ static fp4d_status gemm_queued(cuda_ctx *c, const fp4d_gemm_problem *p)
     FP4D_FORWARD_IF_ERROR(fp4d_cuda_upload_matrix(&p->a, &c->a, &c->a_sc, c->stream));
     FP4D_FORWARD_IF_ERROR(fp4d_cuda_upload_matrix(&p->b, &c->b, &c->b_sc, c->stream));
     const size_t out_bytes = (size_t)p->a.rows * (size_t)p->b.rows * fp4d_out_elem_size(p->out_type);
-    FP4D_FORWARD_IF_ERROR(fp4d_devbuf_reserve(&c->out, out_bytes, false));
+    FP4D_FORWARD_IF_ERROR(fp4d_devbuf_reserve(&c->out, out_bytes, false, c->stream));
     FP4D_CUDA_TRY(cudaMemcpyAsync(c->out.ptr, p->out, out_bytes, cudaMemcpyHostToDevice, c->stream), "cuda: upload out");
 
     const uint8_t *bc = c->b.ptr, *bs = c->b_sc.ptr;
@@ -647,7 +648,7 @@ static fp4d_status grouped_queued(cuda_ctx *c, const fp4d_grouped_gemm_problem *
     /* all experts' weights into one buffer: codes, then scales */
     const size_t cb = fp4d_cuda_matrix_data_bytes(&p->b[0]), sb = align_up(fp4d_cuda_matrix_scale_bytes(&p->b[0]), 16);
     const size_t cb16 = align_up(cb, 16);
-    FP4D_FORWARD_IF_ERROR(fp4d_devbuf_reserve(&c->b, (cb16 + sb) * (size_t)E, false));
+    FP4D_FORWARD_IF_ERROR(fp4d_devbuf_reserve(&c->b, (cb16 + sb) * (size_t)E, false, c->stream));
     const uint8_t **codes = calloc((size_t)E * 2, sizeof *codes);
     FP4D_RETURN_ERROR_IF(!codes, NOMEM, "cuda: out of memory");
     const uint8_t **scales = codes + E;
@@ -663,7 +664,7 @@ static fp4d_status grouped_queued(cuda_ctx *c, const fp4d_grouped_gemm_problem *
     }
     const size_t out_bytes = (size_t)p->a.rows * (size_t)n * fp4d_out_elem_size(p->out_type);
     if (st == FP4D_STATUS_OK && out_bytes) {
-        st = fp4d_devbuf_reserve(&c->out, out_bytes, false);
+        st = fp4d_devbuf_reserve(&c->out, out_bytes, false, c->stream);
         if (st == FP4D_STATUS_OK &&
             cudaMemcpyAsync(c->out.ptr, p->out, out_bytes, cudaMemcpyHostToDevice, c->stream) != cudaSuccess)
             st = fp4d_set_error(FP4D_STATUS_DEVICE, "cuda: upload out failed");
@@ -724,7 +725,7 @@ static fp4d_status quantize_queued(cuda_ctx *c, fp4d_quantize_problem *q)
     } else {
         /* gs = 2688 / amax with amax = nan_to_num(|x|).max(): NaN ignored, inf -> FLT_MAX
          * (the same derivation as src/formats/convention.c for flashinfer-exact) */
-        FP4D_FORWARD_IF_ERROR(fp4d_devbuf_reserve(&c->amax, sizeof(float), false));
+        FP4D_FORWARD_IF_ERROR(fp4d_devbuf_reserve(&c->amax, sizeof(float), false, c->stream));
         FP4D_CUDA_TRY(fp4d_cuda_amax(q->src_type, c->a.ptr, code_bytes * 2, c->amax.ptr, c->stream), "cuda: amax");
         float amax = 0.0f;
         FP4D_CUDA_TRY(cudaMemcpyAsync(&amax, c->amax.ptr, sizeof amax, cudaMemcpyDeviceToHost, c->stream), "cuda: amax");
@@ -733,8 +734,8 @@ static fp4d_status quantize_queued(cuda_ctx *c, fp4d_quantize_problem *q)
         gs = 2688.0f / amax;
         decode = amax / 2688.0f;
     }
-    FP4D_FORWARD_IF_ERROR(fp4d_devbuf_reserve(&c->b, code_bytes, false));
-    FP4D_FORWARD_IF_ERROR(fp4d_devbuf_reserve(&c->b_sc, scale_bytes, false));
+    FP4D_FORWARD_IF_ERROR(fp4d_devbuf_reserve(&c->b, code_bytes, false, c->stream));
+    FP4D_FORWARD_IF_ERROR(fp4d_devbuf_reserve(&c->b_sc, scale_bytes, false, c->stream));
     if (q->params.scale_layout != FP4D_LAYOUT_LINEAR)
         FP4D_CUDA_TRY(cudaMemsetAsync(c->b_sc.ptr, 0, scale_bytes, c->stream), "cuda: clear scale padding");
     FP4D_CUDA_TRY(fp4d_cuda_quantize_nvfp4(q->src_type, c->a.ptr, q->rows, q->cols, gs, q->params.scale_layout,
@@ -812,9 +813,9 @@ static fp4d_status quant_prepare(void *state, int *copies)
     (void)copies; /* the source is larger than L2 for the sizes `fp4doctor bench` uses: no rotation */
     quant_bench_state *s = state;
     fp4d_status st = fp4d_cuda_make_bench_plain(s->src_type, s->rows, s->cols, 7, &s->c->a, s->c->stream);
-    if (st == FP4D_STATUS_OK) st = fp4d_devbuf_reserve(&s->c->b, (size_t)(s->rows * s->cols / 2), false);
+    if (st == FP4D_STATUS_OK) st = fp4d_devbuf_reserve(&s->c->b, (size_t)(s->rows * s->cols / 2), false, s->c->stream);
     if (st == FP4D_STATUS_OK)
-        st = fp4d_devbuf_reserve(&s->c->b_sc, fp4d_scale_buffer_size(s->layout, s->rows, s->cols / 16), false);
+        st = fp4d_devbuf_reserve(&s->c->b_sc, fp4d_scale_buffer_size(s->layout, s->rows, s->cols / 16), false, s->c->stream);
     return st;
 }
 
@@ -845,8 +846,8 @@ static fp4d_status copy_prepare(void *state, int *copies)
 {
     (void)copies;
     copy_bench_state *s = state;
-    fp4d_status st = fp4d_devbuf_reserve(&s->c->a, s->bytes, true);
-    if (st == FP4D_STATUS_OK) st = fp4d_devbuf_reserve(&s->c->b, s->bytes, false);
+    fp4d_status st = fp4d_devbuf_reserve(&s->c->a, s->bytes, true, s->c->stream);
+    if (st == FP4D_STATUS_OK) st = fp4d_devbuf_reserve(&s->c->b, s->bytes, false, s->c->stream);
     return st;
 }
 
@@ -876,8 +877,8 @@ static fp4d_status read_prepare(void *state, int *copies)
     read_bench_state *s = state;
     /* rotated like the GEMM benchmark's weight copies, so that L2 serves none of it */
     *copies = fp4d_cuda_rotation_copies(s->stride, s->c->l2_bytes);
-    fp4d_status st = fp4d_devbuf_reserve(&s->c->b, s->stride * (size_t)*copies, true);
-    if (st == FP4D_STATUS_OK) st = fp4d_devbuf_reserve(&s->c->counters, sizeof(uint32_t), true);
+    fp4d_status st = fp4d_devbuf_reserve(&s->c->b, s->stride * (size_t)*copies, true, s->c->stream);
+    if (st == FP4D_STATUS_OK) st = fp4d_devbuf_reserve(&s->c->counters, sizeof(uint32_t), true, s->c->stream);
     return st;
 }
 
@@ -921,8 +922,8 @@ static fp4d_status cuda_bench(void *ctx, const fp4d_gemm_desc *d, int repeats, f
     float *alphas = calloc((size_t)E, sizeof *alphas);
     fp4d_status st = ptrs && offsets && alphas ? FP4D_STATUS_OK : fp4d_set_error(FP4D_STATUS_NOMEM, "cuda: out of memory");
     for (int32_t e = 0; e < E && alphas; e++) alphas[e] = 1.0f;
-    if (st == FP4D_STATUS_OK) st = fp4d_devbuf_reserve(&wcodes, cb * (size_t)weight_sets, false);
-    if (st == FP4D_STATUS_OK) st = fp4d_devbuf_reserve(&wscales, sb * (size_t)weight_sets, false);
+    if (st == FP4D_STATUS_OK) st = fp4d_devbuf_reserve(&wcodes, cb * (size_t)weight_sets, false, c->stream);
+    if (st == FP4D_STATUS_OK) st = fp4d_devbuf_reserve(&wscales, sb * (size_t)weight_sets, false, c->stream);
     if (st == FP4D_STATUS_OK) {
         int e1 = fp4d_cuda_fill_random_fp4(wcodes.ptr, cb * (size_t)weight_sets, 12345, c->stream);
         int e2 = (int)cudaMemsetAsync(wscales.ptr, d->b_type == FP4D_DTYPE_NVFP4 ? 0x38 : 127, sb * (size_t)weight_sets,
@@ -937,7 +938,8 @@ static fp4d_status cuda_bench(void *ctx, const fp4d_gemm_desc *d, int repeats, f
         if (is_fp4(d->a_type)) st = fp4d_cuda_make_bench_fp4(d->a_type, d->m, d->k, d->a_layout, 99, &c->a, &c->a_sc, c->stream);
         else st = fp4d_cuda_make_bench_plain(d->a_type, d->m, d->k, 99, &c->a, c->stream);
     }
-    if (st == FP4D_STATUS_OK) st = fp4d_devbuf_reserve(&outb, (size_t)(d->m * d->n) * fp4d_out_elem_size(d->out_type), false);
+    if (st == FP4D_STATUS_OK)
+        st = fp4d_devbuf_reserve(&outb, (size_t)(d->m * d->n) * fp4d_out_elem_size(d->out_type), false, c->stream);
     int64_t max_rows = 0;
     for (int i = 0; st == FP4D_STATUS_OK && i < s->copies; i++) {
         int64_t *off = offsets + (size_t)i * (size_t)(E + 1);
@@ -963,7 +965,8 @@ static fp4d_status cuda_bench(void *ctx, const fp4d_gemm_desc *d, int repeats, f
         if (st == FP4D_STATUS_OK && s->path == PATH_SKINNY && wants_stream_codes(&s->g[0])) {
             const size_t stride = stream_room(&s->g[0]);
             /* without room for it the decode kernel runs on the natural layout (as in gemm()) */
-            const bool room = fp4d_devbuf_reserve(&wstream, stride * (size_t)weight_sets, false) == FP4D_STATUS_OK;
+            const bool room =
+                fp4d_devbuf_reserve(&wstream, stride * (size_t)weight_sets, false, c->stream) == FP4D_STATUS_OK;
             if (!room) fp4d_clear_error();
             for (int w = 0; room && st == FP4D_STATUS_OK && w < weight_sets; w++) {
                 /* weight set w is expert w of a grouped GEMM, or copy w of a plain one */

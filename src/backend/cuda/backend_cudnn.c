@@ -361,14 +361,14 @@ static fp4d_status dnn_gemm(void *ctx, const fp4d_gemm_problem *p)
     FP4D_FORWARD_IF_ERROR(upload_swizzled(&p->a, &c->a, &c->a_sc, c->stream));
     FP4D_FORWARD_IF_ERROR(upload_swizzled(&p->b, &c->b, &c->b_sc, c->stream));
     const size_t mn = (size_t)d.m * (size_t)d.n, ob = mn * fp4d_out_elem_size(p->out_type);
-    FP4D_FORWARD_IF_ERROR(fp4d_devbuf_reserve(&c->c32, mn * sizeof(float), false));
-    FP4D_FORWARD_IF_ERROR(fp4d_devbuf_reserve(&c->out, ob, false));
+    FP4D_FORWARD_IF_ERROR(fp4d_devbuf_reserve(&c->c32, mn * sizeof(float), false, c->stream));
+    FP4D_FORWARD_IF_ERROR(fp4d_devbuf_reserve(&c->out, ob, false, c->stream));
     FP4D_CUDA_TRY(cudaMemcpyAsync(c->out.ptr, p->out, ob, cudaMemcpyHostToDevice, c->stream), "cudnn: upload out");
     graph g;
     build(&g, c->handle, &d, true);
     fp4d_status st = FP4D_STATUS_OK;
     if (g.status == CUDNN_STATUS_SUCCESS && g.workspace > 0)
-        st = fp4d_devbuf_reserve(&c->workspace, (size_t)g.workspace, false);
+        st = fp4d_devbuf_reserve(&c->workspace, (size_t)g.workspace, false, c->stream);
     if (st == FP4D_STATUS_OK && g.status == CUDNN_STATUS_SUCCESS) {
         cudnnBackendDescriptor_t vp = make(&g, CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR, "variant pack");
         int64_t uids[5] = {UID_A, UID_A_SCALE, UID_B, UID_B_SCALE, UID_C};

@@ -77,19 +77,48 @@ fp4d_status fp4d_cuda_open_device(int device, int *resolved, int *sm_count, size
     return FP4D_STATUS_OK;
 }
 
-fp4d_status fp4d_devbuf_reserve(fp4d_devbuf *b, size_t bytes, bool zero_new)
+/* Whether the current device has stream-ordered allocation (cudaMallocAsync). */
+static bool device_has_memory_pools(void)
+{
+    int dev = 0, pools = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, dev) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return false;
+    }
+    return pools != 0;
+}
+
+fp4d_status fp4d_devbuf_reserve(fp4d_devbuf *b, size_t bytes, bool zero_new, cudaStream_t stream)
 {
     if (bytes <= b->cap && b->ptr) return FP4D_STATUS_OK;
+    /*
+     * Growth is ordered in the buffer's stream: the old allocation is freed after the work
+     * queued before it, and the new one is ready for the work queued after it, with no host
+     * wait. It used to wait with cudaDeviceSynchronize, then cudaFree and cudaMalloc. That
+     * waited for every other instance's work too, and device-wide waits from several host
+     * threads at once hang compute-sanitizer's racecheck: tools/racecheck_threads.cu hangs
+     * it with cudaDeviceSynchronize (mode 1) and not with cudaFreeAsync / cudaMallocAsync
+     * (mode 16), without any fp4doctor code. The MoE stress case grows buffers in four threads
+     * at once and hung the same way. Without memory pools: wait for the stream alone, then
+     * cudaFree (which may still wait for the device) and cudaMalloc.
+     */
+    const bool pooled = device_has_memory_pools();
     if (b->ptr) {
-        /* the stream may still be reading the old buffer */
-        cudaDeviceSynchronize();
-        cudaFree(b->ptr);
+        cudaError_t fe;
+        if (b->pooled) {
+            fe = cudaFreeAsync(b->ptr, stream);
+        } else {
+            fe = cudaStreamSynchronize(stream);
+            if (fe == cudaSuccess) fe = cudaFree(b->ptr);
+        }
+        if (fe != cudaSuccess) return fp4d_cuda_status(fe, "free a device buffer to grow it");
         b->ptr = NULL;
         b->cap = 0;
     }
     size_t want = bytes < 256 ? 256 : bytes;
     want = (want + 255) & ~(size_t)255;
-    cudaError_t e = cudaMalloc(&b->ptr, want);
+    cudaError_t e = pooled ? cudaMallocAsync(&b->ptr, want, stream) : cudaMalloc(&b->ptr, want);
     if (e != cudaSuccess) {
         (void)cudaGetLastError();
         b->ptr = NULL;
@@ -97,20 +126,18 @@ fp4d_status fp4d_devbuf_reserve(fp4d_devbuf *b, size_t bytes, bool zero_new)
                               cudaGetErrorString(e));
     }
     b->cap = want;
-    if (zero_new) {
-        /* on the legacy stream, which the contexts' non-blocking streams do not wait for: done
-         * before the buffer is handed out (growth is rare) */
-        FP4D_CUDA_TRY(cudaMemset(b->ptr, 0, want), "cudaMemset");
-        FP4D_CUDA_TRY(cudaDeviceSynchronize(), "cudaMemset");
-    }
+    b->pooled = pooled;
+    /* zeroed in the stream that uses the buffer, ahead of any of its work that reads it */
+    if (zero_new) FP4D_CUDA_TRY(cudaMemsetAsync(b->ptr, 0, want, stream), "cudaMemsetAsync");
     return FP4D_STATUS_OK;
 }
 
 void fp4d_devbuf_free(fp4d_devbuf *b)
 {
-    if (b->ptr) cudaFree(b->ptr);
+    if (b->ptr) cudaFree(b->ptr); /* also frees a cudaMallocAsync allocation, after the device's work */
     b->ptr = NULL;
     b->cap = 0;
+    b->pooled = false;
 }
 
 size_t fp4d_cuda_matrix_data_bytes(const fp4d_matrix *x)
@@ -128,10 +155,10 @@ size_t fp4d_cuda_matrix_scale_bytes(const fp4d_matrix *x)
 fp4d_status fp4d_cuda_upload_matrix(const fp4d_matrix *x, fp4d_devbuf *data, fp4d_devbuf *scales, cudaStream_t s)
 {
     const size_t db = fp4d_cuda_matrix_data_bytes(x), sb = fp4d_cuda_matrix_scale_bytes(x);
-    FP4D_FORWARD_IF_ERROR(fp4d_devbuf_reserve(data, db, false));
+    FP4D_FORWARD_IF_ERROR(fp4d_devbuf_reserve(data, db, false, s));
     if (db) FP4D_CUDA_TRY(cudaMemcpyAsync(data->ptr, x->data, db, cudaMemcpyHostToDevice, s), "upload operand");
     if (sb) {
-        FP4D_FORWARD_IF_ERROR(fp4d_devbuf_reserve(scales, sb, false));
+        FP4D_FORWARD_IF_ERROR(fp4d_devbuf_reserve(scales, sb, false, s));
         FP4D_CUDA_TRY(cudaMemcpyAsync(scales->ptr, x->scales, sb, cudaMemcpyHostToDevice, s), "upload scales");
     }
     return FP4D_STATUS_OK;
@@ -250,8 +277,8 @@ fp4d_status fp4d_cuda_make_bench_fp4(fp4d_dtype format, int64_t rows, int64_t co
     const fp4d_dtype_traits *t = fp4d_dtype_get(format);
     const size_t cb = (size_t)rows * (size_t)cols / 2;
     const size_t sb = fp4d_scale_buffer_size(layout, rows, cols / t->block_size);
-    FP4D_FORWARD_IF_ERROR(fp4d_devbuf_reserve(codes, cb, false));
-    FP4D_FORWARD_IF_ERROR(fp4d_devbuf_reserve(scales, sb, false));
+    FP4D_FORWARD_IF_ERROR(fp4d_devbuf_reserve(codes, cb, false, s));
+    FP4D_FORWARD_IF_ERROR(fp4d_devbuf_reserve(scales, sb, false, s));
     FP4D_CUDA_TRY(fp4d_cuda_fill_random_fp4(codes->ptr, cb, seed, s), "bench data");
     /* 0x38 = 1.0 in e4m3; 127 = 2^0 in ue8m0 */
     FP4D_CUDA_TRY(cudaMemsetAsync(scales->ptr, format == FP4D_DTYPE_NVFP4 ? 0x38 : 127, sb, s), "bench scales");
@@ -263,7 +290,7 @@ fp4d_status fp4d_cuda_make_bench_plain(fp4d_dtype type, int64_t rows, int64_t co
 {
     fp4d_devbuf codes = {0}, scales = {0};
     fp4d_status st = fp4d_cuda_make_bench_fp4(FP4D_DTYPE_NVFP4, rows, cols, FP4D_LAYOUT_LINEAR, seed, &codes, &scales, s);
-    if (st == FP4D_STATUS_OK) st = fp4d_devbuf_reserve(data, fp4d_dtype_data_bytes(type, rows, cols), false);
+    if (st == FP4D_STATUS_OK) st = fp4d_devbuf_reserve(data, fp4d_dtype_data_bytes(type, rows, cols), false, s);
     if (st == FP4D_STATUS_OK) {
         fp4d_dev_fp4 src = {codes.ptr, scales.ptr, rows, cols, FP4D_DTYPE_NVFP4, FP4D_LAYOUT_LINEAR};
         int e = fp4d_cuda_dequantize(&src, type, data->ptr, s);

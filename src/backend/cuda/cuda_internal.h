@@ -41,13 +41,16 @@ fp4d_status fp4d_cuda_sync(cudaStream_t s, const char *what);
 fp4d_status fp4d_cuda_open_device(int device, int *resolved, int *sm_count, size_t *l2_bytes, int *cc,
                                   fp4d_reason *why);
 
-/* A device allocation that only grows. zero_new: newly allocated bytes are zeroed. */
+/* A device allocation that only grows, used by one stream: it grows in that stream's order
+ * (stream-ordered allocation where the device has memory pools). zero_new: newly allocated
+ * bytes are zeroed in that stream. */
 typedef struct fp4d_devbuf {
     void  *ptr;
     size_t cap;
+    bool   pooled; /* from cudaMallocAsync */
 } fp4d_devbuf;
 
-fp4d_status fp4d_devbuf_reserve(fp4d_devbuf *b, size_t bytes, bool zero_new);
+fp4d_status fp4d_devbuf_reserve(fp4d_devbuf *b, size_t bytes, bool zero_new, cudaStream_t stream);
 void        fp4d_devbuf_free(fp4d_devbuf *b);
 
 /* Bytes of an operand's element data / scale buffer as the host hands them over. */
