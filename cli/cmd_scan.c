@@ -196,7 +196,8 @@ static void replay_usage(FILE *f)
                "  --tp N          replay one rank's shard at tensor-parallel degree N, 1..1024:\n"
                "                  down_proj, o_proj, ... split along K, other linears along N;\n"
                "                  q/k/v/o_proj and a fused qkv_proj by whole heads (config.json),\n"
-               "                  a KV head whole on each rank that shares it\n"
+               "                  a KV head whole on each rank that shares it; a fused\n"
+               "                  gate_up_proj each rank's share of gate and of up\n"
                "  --rank R        which rank's shard, 0..N-1 (default 0)\n\n"
                "exit: 0 every backend PASS or UNSUPPORTED, 1 a failure, 2 usage, 3 unreadable input\n");
 }

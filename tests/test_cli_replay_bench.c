@@ -121,6 +121,7 @@ static const char *indexed_shard(const char *ckpt, const char *tensor)
     char index[512];
     snprintf(index, sizeof index, "%s/model.safetensors.index.json", path_of(ckpt));
     json_t *root = json_load_file(index, 0, NULL);
+    if (!root && access(index, F_OK) != 0) return "model.safetensors"; /* one shard, no index */
     const char *s = json_string_value(json_object_get(json_object_get(root, "weight_map"), tensor));
     assert_non_null(s);
     snprintf(shard, sizeof shard, "%s", s);
@@ -502,21 +503,21 @@ static void test_tensor_parallel_cuts_attention_by_head(void **state)
     assert_int_equal(unlink(cfg), 0);
 }
 
-/* A folder of one ModelOpt layer, model.layers.0.self_attn.qkv_proj: q, k and v fused as Phi-3
- * and Phi-4 ship them ([q | k | v] rows), q_heads and kv_heads of 16 rows, K = 64, and a
- * config.json giving those heads. Row r's block scales are 0x30 + r % 8 (e4m3 0.25..0.4375), so
- * a shard's rows can be told apart; the codes are a fixed pattern. */
-static void write_fused_qkv(const char *name, int q_heads, int kv_heads)
+/* A folder of one ModelOpt layer `module` of n x 64 (K = 64), with config.json holding `config`
+ * (none when NULL). Row r's block scales are 0x30 + r % 8 (e4m3 0.25..0.4375), so a shard's
+ * rows can be told apart; the codes are a fixed pattern. */
+static void write_fused_layer(const char *name, const char *module, int64_t n, const char *config)
 {
-    const int64_t n = (int64_t)(q_heads + 2 * kv_heads) * 16, k = 64;
+    const int64_t k = 64;
     assert_int_equal(mkdir(path_of(name), 0755), 0);
     char path[512];
-    snprintf(path, sizeof path, "%s/config.json", path_of(name));
-    FILE *f = fopen(path, "w");
-    assert_non_null(f);
-    fprintf(f, "{\"num_attention_heads\": %d, \"num_key_value_heads\": %d, \"head_dim\": 16, \"hidden_size\": %d}",
-            q_heads, kv_heads, q_heads * 16);
-    assert_int_equal(fclose(f), 0);
+    if (config) {
+        snprintf(path, sizeof path, "%s/config.json", path_of(name));
+        FILE *f = fopen(path, "w");
+        assert_non_null(f);
+        fputs(config, f);
+        assert_int_equal(fclose(f), 0);
+    }
     uint8_t *codes = malloc((size_t)(n * k / 2)), *scales = malloc((size_t)(n * k / 16));
     assert_true(codes && scales);
     for (int64_t i = 0; i < n * k / 2; i++) codes[i] = (uint8_t)(0x21 + i % 5);
@@ -525,21 +526,31 @@ static void write_fused_qkv(const char *name, int q_heads, int kv_heads)
     const int64_t wshape[2] = {n, k / 2}, sshape[2] = {n, k / 16}, none[1] = {0};
     fp4d_st_writer *w = fp4d_st_writer_new();
     assert_non_null(w);
-    const char *m = "model.layers.0.self_attn.qkv_proj";
     char t[128];
-    snprintf(t, sizeof t, "%s.weight", m);
+    snprintf(t, sizeof t, "%s.weight", module);
     assert_int_equal(fp4d_st_writer_add(w, t, FP4D_ST_U8, 2, wshape, codes, (size_t)(n * k / 2)), FP4D_STATUS_OK);
-    snprintf(t, sizeof t, "%s.weight_scale", m);
+    snprintf(t, sizeof t, "%s.weight_scale", module);
     assert_int_equal(fp4d_st_writer_add(w, t, FP4D_ST_F8_E4M3, 2, sshape, scales, (size_t)(n * k / 16)), FP4D_STATUS_OK);
-    snprintf(t, sizeof t, "%s.weight_scale_2", m);
+    snprintf(t, sizeof t, "%s.weight_scale_2", module);
     assert_int_equal(fp4d_st_writer_add(w, t, FP4D_ST_F32, 0, none, &one, 4), FP4D_STATUS_OK);
-    snprintf(t, sizeof t, "%s.input_scale", m);
+    snprintf(t, sizeof t, "%s.input_scale", module);
     assert_int_equal(fp4d_st_writer_add(w, t, FP4D_ST_F32, 0, none, &one, 4), FP4D_STATUS_OK);
     snprintf(path, sizeof path, "%s/model.safetensors", path_of(name));
     assert_int_equal(fp4d_st_writer_save(w, path), FP4D_STATUS_OK);
     fp4d_st_writer_free(w);
     free(codes);
     free(scales);
+}
+
+/* model.layers.0.self_attn.qkv_proj: q, k and v fused as Phi-3 and Phi-4 ship them ([q | k | v]
+ * rows), q_heads and kv_heads of 16 rows, and a config.json giving those heads. */
+static void write_fused_qkv(const char *name, int q_heads, int kv_heads)
+{
+    char config[256];
+    snprintf(config, sizeof config,
+             "{\"num_attention_heads\": %d, \"num_key_value_heads\": %d, \"head_dim\": 16, \"hidden_size\": %d}",
+             q_heads, kv_heads, q_heads * 16);
+    write_fused_layer(name, "model.layers.0.self_attn.qkv_proj", (int64_t)(q_heads + 2 * kv_heads) * 16, config);
 }
 
 /* A fused qkv_proj is cut as vLLM cuts it: each rank takes its query heads' rows and its KV
@@ -570,6 +581,39 @@ static void test_tensor_parallel_fused_qkv(void **state)
     run_cli("scan '%s' --tp 3", path_of("fused6")); /* 12 and 6 heads: 4 and 2 a rank */
     assert_true(output_contains("stdout.txt", "quantized linear"));
     assert_false(output_contains("stdout.txt", "TP_SHARD"));
+}
+
+/* A dense fused gate_up_proj ([gate | up] rows, Phi-3 and Phi-4-mini) is cut as vLLM's
+ * MergedColumnParallelLinear cuts it: each rank takes its share of gate and its share of up.
+ * Cut into contiguous rows, rank 0 of --tp 2 held gate alone, and a NaN scale in up's first
+ * half was put on rank 1. 2 x 96 rows: at --tp 2, rank 0 holds gate rows 0..47 and up rows
+ * 96..143, where the NaN scale of row 100 is. */
+static void test_tensor_parallel_fused_gate_up(void **state)
+{
+    (void)state;
+    const char *gate_up = "model.layers.0.mlp.gate_up_proj";
+    write_fused_layer("gateup", gate_up, 192, NULL);
+    set_block_scale("gateup", gate_up, 100, 2, 0x7F);
+    assert_int_equal(run_cli("replay '%s' --layer %s --backend ref,cpu --tp 2 --rank 0", path_of("gateup"), gate_up), 1);
+    assert_true(output_contains("stdout.txt", "rank 0 of --tp 2: [96 x 64], by parts: gate rows 0..47, up rows 96..143"));
+    assert_true(output_contains("stdout.txt", "1 of 384 block scales are NaN"));
+    assert_int_equal(run_cli("replay '%s' --layer %s --backend ref,cpu --tp 2 --rank 1", path_of("gateup"), gate_up), 0);
+    assert_true(output_contains("stdout.txt", "by parts: gate rows 48..95, up rows 144..191"));
+    assert_true(output_contains("stdout.txt", "PASS"));
+    /* --tp 64: each half's 96 rows do not share out, though the 192 rows would divide by 64 */
+    assert_int_equal(run_cli("replay '%s' --layer %s --backend cpu --tp 64", path_of("gateup"), gate_up), 2);
+    assert_true(output_contains("stderr.txt", "a fused gate_up_proj, whose gate and up halves of 96 rows each cannot be "
+                                              "split evenly between 64 tensor-parallel ranks"));
+    run_cli("scan '%s' --tp 64", path_of("gateup"));
+    assert_true(output_contains("stdout.txt", "gate_up_proj.weight: a fused gate_up_proj, whose gate and up halves of "
+                                              "96 rows each"));
+    run_cli("scan '%s' --tp 32", path_of("gateup"));
+    assert_false(output_contains("stdout.txt", "TP_SHARD"));
+    /* a MoE's experts tensor of the same name keeps contiguous rows (gpt-oss interleaves gate and up) */
+    const char *experts = "model.layers.0.mlp.experts.gate_up_proj";
+    write_fused_layer("experts", experts, 192, NULL);
+    assert_int_equal(run_cli("replay '%s' --layer %s --backend cpu --tp 2 --rank 1", path_of("experts"), experts), 0);
+    assert_true(output_contains("stdout.txt", "rank 1 of --tp 2: [96 x 64], split along its output rows N"));
 }
 
 /* scan --json LINK, LINK a symbolic or hard link made outside the folder to one of its shards
@@ -767,6 +811,7 @@ int main(void)
         cmocka_unit_test(test_replay_tensor_parallel_shard),
         cmocka_unit_test(test_tensor_parallel_cuts_attention_by_head),
         cmocka_unit_test(test_tensor_parallel_fused_qkv),
+        cmocka_unit_test(test_tensor_parallel_fused_gate_up),
         cmocka_unit_test(test_scan_report_never_overwrites_the_checkpoint),
         cmocka_unit_test(test_replay_plugin_unloadable),
         cmocka_unit_test(test_replay_timeout_grows_with_work),

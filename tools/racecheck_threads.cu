@@ -33,10 +33,9 @@
 
 enum { BLOCK = 256, N = 1 << 16 };
 
-/* each block sums its 256 inputs through shared memory (racecheck tracks its accesses) */
-__global__ void block_sums(const float *in, float *out)
+/* each block sums its 256 inputs through shared memory s (racecheck tracks its accesses) */
+__device__ void sum_block(float *s, const float *in, float *out)
 {
-    __shared__ float s[BLOCK];
     s[threadIdx.x] = in[blockIdx.x * BLOCK + threadIdx.x];
     __syncthreads();
     for (int w = BLOCK / 2; w > 0; w /= 2) {
@@ -46,17 +45,17 @@ __global__ void block_sums(const float *in, float *out)
     if (threadIdx.x == 0) out[blockIdx.x] = s[0];
 }
 
+__global__ void block_sums(const float *in, float *out)
+{
+    __shared__ float s[BLOCK];
+    sum_block(s, in, out);
+}
+
 /* the same with its shared memory dynamic */
 __global__ void block_sums_dynamic(const float *in, float *out)
 {
     extern __shared__ float d[];
-    d[threadIdx.x] = in[blockIdx.x * BLOCK + threadIdx.x];
-    __syncthreads();
-    for (int w = BLOCK / 2; w > 0; w /= 2) {
-        if (threadIdx.x < w) d[threadIdx.x] += d[threadIdx.x + w];
-        __syncthreads();
-    }
-    if (threadIdx.x == 0) out[blockIdx.x] = d[0];
+    sum_block(d, in, out);
 }
 
 struct worker {

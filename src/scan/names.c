@@ -148,6 +148,27 @@ static attn_role attn_role_of(const char *module)
     return ATTN_NONE;
 }
 
+/* A dense gate_up_proj: gate and up rows in one tensor, one half each (Phi-3, Phi-4-mini).
+ * Not a MoE's experts tensor: gpt-oss interleaves gate and up rows there, and a rank's
+ * contiguous rows hold its share of both. */
+static bool is_fused_gate_up(const char *module)
+{
+    return !strcmp(scan_name_leaf(module), "gate_up_proj") && !strstr(module, "experts");
+}
+
+int64_t scan_tp_source_row(const scan_tp_cut *cut, int rank, int64_t r)
+{
+    if (!cut->num_parts) return (int64_t)(rank / cut->replicas) * cut->per_rank + r;
+    int64_t base = 0;
+    for (int i = 0; i < cut->num_parts; i++) {
+        const scan_tp_part *p = &cut->parts[i];
+        if (r < p->per_rank) return base + (int64_t)(rank / p->replicas) * p->per_rank + r;
+        r -= p->per_rank;
+        base += p->all;
+    }
+    return -1; /* r is past the shard */
+}
+
 const char *scan_tp_heads_why(const scan_tp_cut *cut, const char *module, int tp, char *out, size_t size)
 {
     snprintf(out, size,
@@ -189,18 +210,33 @@ scan_tp_cut scan_tp_plan(const char *module, int64_t n, int64_t k, int64_t block
                 return cut;
             }
             const int64_t kv_rows = tp >= kv ? d : kv / tp * d;
-            if (tp >= kv) cut.replicas = (int)(tp / kv); /* one whole KV head per rank, on tp / kv ranks */
+            const int replicas = tp >= kv ? (int)(tp / kv) : 1; /* one whole KV head per rank, on tp / kv ranks */
+            cut.by_heads = true;
             if (role == ATTN_QKV) { /* the rank's query heads, then its k and its v rows */
-                cut.qkv_q_rows = h->q / tp * d, cut.qkv_kv_rows = kv_rows;
-                cut.qkv_q_all = h->q * d, cut.qkv_kv_all = kv * d;
-                cut.per_rank = cut.qkv_q_rows + 2 * kv_rows;
+                cut.num_parts = 3;
+                cut.parts[0] = (scan_tp_part){"q", h->q * d, h->q / tp * d, 1};
+                cut.parts[1] = (scan_tp_part){"k", kv * d, kv_rows, replicas};
+                cut.parts[2] = (scan_tp_part){"v", kv * d, kv_rows, replicas};
+                cut.per_rank = cut.parts[0].per_rank + 2 * kv_rows;
                 return cut;
             }
+            cut.replicas = replicas;
             if (tp >= kv) {
                 cut.per_rank = d;
                 return cut;
             }
         }
+    }
+    if (!cut.split_k && is_fused_gate_up(module) && n % 2 == 0) {
+        /* [gate | up] rows: vLLM's MergedColumnParallelLinear gives each rank its N / 2 / tp
+         * rows of gate and the same of up (contiguous N / tp rows would give rank 0 gate rows
+         * alone at --tp 2), so each half must share out */
+        cut.num_parts = 2;
+        cut.parts[0] = (scan_tp_part){"gate", n / 2, n / 2 / tp, 1};
+        cut.parts[1] = (scan_tp_part){"up", n / 2, n / 2 / tp, 1};
+        if ((n / 2) % tp) cut.problem = SCAN_TP_UNEVEN;
+        else cut.per_rank = n / tp;
+        return cut;
     }
     if (cut.dim % tp) {
         cut.problem = SCAN_TP_UNEVEN;

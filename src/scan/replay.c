@@ -252,7 +252,7 @@ typedef struct replay_layer {
     uint64_t   num_scales;
     char       module[256];    /* its module name: how tensor parallelism cuts it (scan_tp_plan) */
     char       desc[256];
-    char       shard[192];     /* which rank's shard of the layer this is; empty for all of it */
+    char       shard[256];     /* which rank's shard of the layer this is; empty for all of it */
 } replay_layer;
 
 /* Appends to why the quantized layers whose module names contain query (a partial name such
@@ -435,24 +435,12 @@ bad_shape:
 
 /* ---- one tensor-parallel rank's shard ------------------------------------------------------- */
 
-/* The row of the whole matrix that row r of rank's shard is (N-split cuts; a K-split keeps every
- * row): the rank's slice of N, or of a fused qkv_proj its q rows, then its k and its v rows. */
-static int64_t shard_source_row(const scan_tp_cut *cut, int rank, int64_t r)
-{
-    if (!cut->qkv_q_rows) return (int64_t)(rank / cut->replicas) * cut->per_rank + r;
-    if (r < cut->qkv_q_rows) return (int64_t)rank * cut->qkv_q_rows + r;
-    r -= cut->qkv_q_rows;
-    const int64_t part = r / cut->qkv_kv_rows, in_part = r % cut->qkv_kv_rows; /* part 0: k, 1: v */
-    return cut->qkv_q_all + part * cut->qkv_kv_all + (int64_t)(rank / cut->replicas) * cut->qkv_kv_rows + in_part;
-}
-
 /* Replaces L's matrix by rank's shard at TP degree tp, as engines cut it (scan_tp_plan):
  * row-parallel layers keep every row and the rank's K / tp columns with their scale columns,
- * the others the rank's N / tp contiguous rows (an engine that interleaves fused gate/up rows
- * takes other rows, of the same count: the shape the kernels see is the same); k_proj and
- * v_proj with fewer KV heads than ranks, the one whole head the rank shares with
- * tp / num_key_value_heads others, and a fused qkv_proj the rank's rows of each part (h:
- * config.json's heads, zero when unknown). The global
+ * the others the rank's N / tp contiguous rows; k_proj and v_proj with fewer KV heads than
+ * ranks, the one whole head the rank shares with tp / num_key_value_heads others, and a fused
+ * qkv_proj or gate_up_proj the rank's rows of each part (h: config.json's heads, zero when
+ * unknown). The global
  * scales are per tensor, the same on every rank. A shard engines refuse is a usage error, said
  * in why; note gets the padded-scale warning scan gives (empty when none). */
 static int layer_shard(replay_layer *L, const scan_heads *h, int tp, int rank, char *why, size_t why_n, char *note,
@@ -468,6 +456,11 @@ static int layer_shard(replay_layer *L, const scan_heads *h, int tp, int rank, c
     if (cut.problem == SCAN_TP_HEADS) {
         snprintf(why, why_n, "%.200s: %s; engines refuse it at --tp %d (fp4doctor scan --tp %d lists every such layer)",
                  L->desc, scan_tp_heads_why(&cut, L->module, tp, (char[400]){0}, 400), tp, tp);
+        return FP4D_EXIT_USAGE;
+    }
+    if (cut.problem == SCAN_TP_UNEVEN && cut.num_parts) {
+        snprintf(why, why_n, "%.200s: " SCAN_TP_GATE_UP_UNEVEN "; engines refuse it at --tp %d (fp4doctor scan --tp %d "
+                 "lists every such layer)", L->desc, (long long)cut.parts[0].all, tp, tp, tp);
         return FP4D_EXIT_USAGE;
     }
     if (cut.problem == SCAN_TP_UNEVEN) {
@@ -493,7 +486,7 @@ static int layer_shard(replay_layer *L, const scan_heads *h, int tp, int rank, c
         return FP4D_EXIT_INTERNAL;
     }
     for (int64_t r = 0; r < rn; r++) {
-        const int64_t src = split_k ? r : shard_source_row(&cut, rank, r);
+        const int64_t src = split_k ? r : scan_tp_source_row(&cut, rank, r);
         memcpy(codes + r * (rk / 2), L->codes + src * (k / 2) + k0 / 2, (size_t)(rk / 2));
         memcpy(scales + r * (rk / block), L->scales + src * (k / block) + k0 / block, (size_t)(rk / block));
     }
@@ -504,15 +497,24 @@ static int layer_shard(replay_layer *L, const scan_heads *h, int tp, int rank, c
     L->n = rn;
     L->k = rk;
     count_nan_scales(L);
-    const int64_t row0 = split_k ? 0 : shard_source_row(&cut, rank, 0);
-    if (cut.qkv_q_rows) {
-        const int64_t k_row0 = shard_source_row(&cut, rank, cut.qkv_q_rows);
-        const int64_t v_row0 = shard_source_row(&cut, rank, cut.qkv_q_rows + cut.qkv_kv_rows);
-        snprintf(L->shard, sizeof L->shard, "rank %d of --tp %d: [%lld x %lld], by heads: q rows %lld..%lld, k rows "
-                 "%lld..%lld, v rows %lld..%lld%s", rank, tp, (long long)rn, (long long)rk, (long long)row0,
-                 (long long)(row0 + cut.qkv_q_rows - 1), (long long)k_row0, (long long)(k_row0 + cut.qkv_kv_rows - 1),
-                 (long long)v_row0, (long long)(v_row0 + cut.qkv_kv_rows - 1),
-                 cut.replicas > 1 ? " (one KV head, held alike by several ranks)" : "");
+    const int64_t row0 = split_k ? 0 : scan_tp_source_row(&cut, rank, 0);
+    if (cut.num_parts) {
+        /* "q rows 80..95, k rows 144..159, v rows 176..191" */
+        char parts[200] = "";
+        size_t used = 0;
+        int64_t r = 0;
+        bool shared = false;
+        for (int i = 0; i < cut.num_parts && used < sizeof parts; i++) {
+            const scan_tp_part *p = &cut.parts[i];
+            const int64_t first = scan_tp_source_row(&cut, rank, r);
+            used += (size_t)snprintf(parts + used, sizeof parts - used, "%s%s rows %lld..%lld", i ? ", " : "", p->name,
+                                     (long long)first, (long long)(first + p->per_rank - 1));
+            r += p->per_rank;
+            shared = shared || p->replicas > 1;
+        }
+        snprintf(L->shard, sizeof L->shard, "rank %d of --tp %d: [%lld x %lld], by %s: %s%s", rank, tp, (long long)rn,
+                 (long long)rk, cut.by_heads ? "heads" : "parts", parts,
+                 shared ? " (one KV head, held alike by several ranks)" : "");
     } else if (cut.replicas > 1)
         snprintf(L->shard, sizeof L->shard, "rank %d of --tp %d: [%lld x %lld], KV head %d of %lld (rows %lld..%lld), "
                  "held alike by ranks %d..%d (fewer KV heads than ranks)", rank, tp, (long long)rn, (long long)rk,

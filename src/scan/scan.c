@@ -1694,6 +1694,10 @@ static fp4d_status check_tp_shards(scan_ctx *c)
             st = add_finding(c, FP4D_FINDING_TP_SHARD, FP4D_SCAN_ERROR, w->name, file_rel(c, w->file), 1,
                              "%s: %s: engines refuse it at --tp %d", w->name,
                              scan_tp_heads_why(&cut, u->module, tp, (char[400]){0}, 400), tp);
+        else if (problem == SCAN_TP_UNEVEN && cut.num_parts)
+            st = add_finding(c, FP4D_FINDING_TP_SHARD, FP4D_SCAN_ERROR, w->name, file_rel(c, w->file), 1,
+                             "%s: " SCAN_TP_GATE_UP_UNEVEN ": engines refuse it at --tp %d", w->name,
+                             (long long)cut.parts[0].all, tp, tp);
         else if (problem == SCAN_TP_UNEVEN)
             st = add_finding(c, FP4D_FINDING_TP_SHARD, FP4D_SCAN_ERROR, w->name, file_rel(c, w->file), 1,
                              "%s has %s = %lld, which %d tensor-parallel ranks cannot split evenly (%s is split %s): "

@@ -139,23 +139,40 @@ fp4d_status scan_heads_load(const char *dir, scan_heads *h, bool *found, char *w
  * heads than ranks, tp must be a multiple of num_key_value_heads and each rank holds one whole
  * KV head, replicated on tp / num_key_value_heads ranks (rank r holds head r / replicas). A
  * projection whose shape does not match (a vision tower's, MLA's) is cut by rows. A fused
- * qkv_proj ([q | k | v] rows) that matches is cut into each part's share, as vLLM cuts it. */
+ * projection is cut part by part, as vLLM cuts it: a qkv_proj ([q | k | v] rows) that matches
+ * the heads into each part's heads, a dense gate_up_proj ([gate | up] rows, two halves) into
+ * each half's N / 2 / tp rows. */
+typedef struct scan_tp_part {
+    const char *name;     /* "q", "k", "v", "gate", "up" */
+    int64_t     all;      /* the part's rows in the whole matrix */
+    int64_t     per_rank; /* a rank's rows of it */
+    int         replicas; /* ranks holding the same rows of it: rank r holds slice r / replicas */
+} scan_tp_part;
+
 typedef struct scan_tp_cut {
     scan_tp_problem problem;
     bool            split_k;  /* K is split (row-parallel), else N */
     int64_t         dim;      /* the split dimension, whole */
     int64_t         per_rank; /* its length on one rank (when problem is OK or PADDED_SCALES) */
-    int             replicas; /* ranks that hold the same slice: rank r holds slice r / replicas
-                                 (of a fused qkv_proj: of its k and v parts) */
-    int64_t         qkv_q_rows, qkv_kv_rows; /* a fused qkv_proj cut by heads: a rank's rows of the
-                                                q part and of each of k and v (0: not such a cut) */
-    int64_t         qkv_q_all, qkv_kv_all;   /* ... and all rows of the q part and of each of k, v */
+    int             replicas; /* ranks that hold the same slice: rank r holds slice r / replicas */
+    int             num_parts; /* a fused projection cut part by part (0: one contiguous slice) */
+    scan_tp_part    parts[3];  /* ... in row order; a rank's shard is its rows of each, in turn */
+    bool            by_heads;  /* the cut follows config.json's heads */
     int64_t         heads;    /* SCAN_TP_HEADS: the head count tp cannot share out ... */
     bool            kv_heads; /* ... and whether it is num_key_value_heads */
 } scan_tp_cut;
 
 scan_tp_cut scan_tp_plan(const char *module, int64_t n, int64_t k, int64_t block, bool is_mx, const scan_heads *h,
                          int tp);
+/* Why a fused gate_up_proj's cut is SCAN_TP_UNEVEN, for printf with the half's rows (long
+ * long) and tp (int). */
+#define SCAN_TP_GATE_UP_UNEVEN                                                                    \
+    "a fused gate_up_proj, whose gate and up halves of %lld rows each cannot be split evenly "    \
+    "between %d tensor-parallel ranks (each rank takes its share of both halves)"
+
+/* The row of the whole matrix that row r of rank's shard is, for an N-split cut (a K-split
+ * keeps every row). */
+int64_t scan_tp_source_row(const scan_tp_cut *cut, int rank, int64_t r);
 /* Why a SCAN_TP_HEADS cut of module is refused, in the words scan's TP_SHARD error and replay
  * share; returns out. */
 const char *scan_tp_heads_why(const scan_tp_cut *cut, const char *module, int tp, char *out, size_t size);

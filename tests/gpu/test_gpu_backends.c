@@ -1403,6 +1403,17 @@ static void native_backend(const char *name)
     fp4d_backend_close(b);
 }
 
+#ifdef FP4D_TEST_CUDA_KERNELS
+/* Skips the test unless the cuda backend opens; its context stays current for the test's own
+ * CUDA calls. */
+static void cuda_context_or_skip(void)
+{
+    fp4d_backend_t b = open_or_skip("cuda");
+    if (!b) skip();
+    fp4d_backend_close(b);
+}
+#endif
+
 /*
  * The bench's stream hold (fp4d_cuda_hold_stream): work enqueued behind it waits until it
  * ends, and it lasts at least as long as asked, so that a timed batch queued meanwhile runs
@@ -1414,9 +1425,7 @@ static void test_cuda_hold_stream(void **state)
 #ifndef FP4D_TEST_CUDA_KERNELS
     skip(); /* built without the CUDA kernels */
 #else
-    fp4d_backend_t b = open_or_skip("cuda");
-    if (!b) skip();
-    fp4d_backend_close(b);
+    cuda_context_or_skip();
     cudaStream_t s;
     cudaEvent_t e0, e1;
     assert_int_equal(cudaStreamCreate(&s), cudaSuccess);
@@ -1454,9 +1463,7 @@ static void test_cuda_buffer_grows_in_stream_order(void **state)
 #ifndef FP4D_TEST_CUDA_KERNELS
     skip(); /* built without the CUDA kernels */
 #else
-    fp4d_backend_t b = open_or_skip("cuda");
-    if (!b) skip();
-    fp4d_backend_close(b);
+    cuda_context_or_skip();
     int dev = 0, pools = 0;
     assert_int_equal(cudaGetDevice(&dev), cudaSuccess);
     assert_int_equal(cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, dev), cudaSuccess);
